@@ -1,0 +1,45 @@
+"""diffmj: MuJoCo's physics pipeline in PyTorch, differentiable end to end."""
+
+from diffmj.forward import forward, step
+from diffmj.io import get_data, get_data_into, load, make_data, put_data, put_model
+from diffmj.types import (
+    BiasType,
+    ConeType,
+    Data,
+    DisableBit,
+    DynType,
+    EnableBit,
+    GainType,
+    GeomType,
+    IntegratorType,
+    JointType,
+    Model,
+    Option,
+    SolverType,
+    TrnType,
+)
+
+__all__ = [
+    "BiasType",
+    "ConeType",
+    "Data",
+    "DisableBit",
+    "DynType",
+    "EnableBit",
+    "GainType",
+    "GeomType",
+    "IntegratorType",
+    "JointType",
+    "Model",
+    "Option",
+    "SolverType",
+    "TrnType",
+    "forward",
+    "get_data",
+    "get_data_into",
+    "load",
+    "make_data",
+    "put_data",
+    "put_model",
+    "step",
+]

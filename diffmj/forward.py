@@ -1,0 +1,269 @@
+"""forward() and step(): MuJoCo's pipeline and integrators (engine_forward.c).
+
+``forward`` computes every derived quantity of a state; ``step`` also
+advances it with the model's integrator (Euler with implicit joint damping,
+RK4, implicit, implicitfast). Both are pure and accept batched Data: leading
+batch dimensions are mapped with ``torch.vmap``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from diffmj import math
+from diffmj.actuation import actuation, actuator_force_vel, next_activation
+from diffmj.passive import passive
+from diffmj.smooth import (
+    apply_ft,
+    com_pos,
+    com_vel,
+    crb,
+    factor_m,
+    kinematics,
+    rne,
+    solve_m,
+    tendon,
+    transmission,
+)
+from diffmj.types import Data, DisableBit, IntegratorType, Model
+
+
+def fwd_position(m: Model, d: Data) -> Data:
+    """Position-dependent quantities: frames, inertia, tendons, transmissions."""
+    d = kinematics(m, d)
+    d = com_pos(m, d)
+    d = tendon(m, d)
+    d = crb(m, d)
+    d = factor_m(m, d)
+    return transmission(m, d)
+
+
+def fwd_velocity(m: Model, d: Data) -> Data:
+    """Velocity-dependent quantities: tendon / actuator velocities, passive and bias forces."""
+    d = d.replace(
+        ten_velocity=d.ten_J @ d.qvel,
+        actuator_velocity=d.actuator_moment @ d.qvel,
+    )
+    d = com_vel(m, d)
+    d = passive(m, d)
+    return d.replace(qfrc_bias=rne(m, d))
+
+
+def xfrc_accumulate(m: Model, d: Data) -> Tensor:
+    """Generalised force of the Cartesian wrenches xfrc_applied, applied at each body's com. [nv]"""
+    xfrc = d.xfrc_applied
+    return apply_ft(m, d, xfrc[:, :3], xfrc[:, 3:], d.xipos)
+
+
+def fwd_acceleration(m: Model, d: Data) -> Data:
+    """Sum of smooth forces and the unconstrained acceleration qacc_smooth."""
+    qfrc_smooth = d.qfrc_passive - d.qfrc_bias + d.qfrc_applied + d.qfrc_actuator
+    qfrc_smooth = qfrc_smooth + xfrc_accumulate(m, d)
+    return d.replace(qfrc_smooth=qfrc_smooth, qacc_smooth=solve_m(m, d, qfrc_smooth))
+
+
+def fwd_constraint(m: Model, d: Data) -> Data:
+    """Constrained acceleration; without constraint rows it is qacc_smooth."""
+    return d.replace(qacc=d.qacc_smooth, qfrc_constraint=torch.zeros_like(d.qacc_smooth))
+
+
+def _forward(m: Model, d: Data) -> Data:
+    d = fwd_position(m, d)
+    d = fwd_velocity(m, d)
+    d = actuation(m, d)
+    d = fwd_acceleration(m, d)
+    return fwd_constraint(m, d)
+
+
+def integrate_pos(m: Model, qpos: Tensor, qvel: Tensor, dt: Tensor) -> Tensor:
+    """qpos advanced by qvel over dt, quaternions on the manifold (mj_integratePos). [nq]"""
+    tree = m.tree
+    new = qpos.index_add(0, tree.scalar_qposadr, dt * qvel[tree.scalar_dofadr])
+
+    def rotate(new: Tensor, qadr: Tensor, dofadr: Tensor) -> Tensor:
+        quat = math.quat_integrate(math.gather_blocks(qpos, qadr, 4), math.gather_blocks(qvel, dofadr, 3), dt)
+        index = qadr[:, None] + torch.arange(4, device=qadr.device)
+        return new.index_copy(0, index.reshape(-1), quat.reshape(-1))
+
+    if tree.ball_jnt.shape[0]:
+        new = rotate(new, tree.ball_qposadr, tree.ball_dofadr)
+    if tree.free_jnt.shape[0]:
+        new = math.add_blocks(new, tree.free_qposadr, dt * math.gather_blocks(qvel, tree.free_dofadr, 3))
+        new = rotate(new, tree.free_qposadr + 3, tree.free_dofadr + 3)
+    return new
+
+
+def _advance(m: Model, d: Data, act_dot: Tensor, qacc: Tensor, qvel: Tensor | None = None) -> Data:
+    """Advance act, qvel, qpos and time by one timestep (mj_advance)."""
+    dt = m.opt.timestep
+    act = d.act
+    if m.na and not m.opt.disabled(DisableBit.ACTUATION):
+        act = next_activation(m, d.act, act_dot * m.actuator_plan.enabled[m.actuator_plan.act_actuator])
+    new_qvel = d.qvel + dt * qacc
+    qpos = integrate_pos(m, d.qpos, new_qvel if qvel is None else qvel, dt)
+    return d.replace(act=act, qvel=new_qvel, qpos=qpos, time=d.time + dt, qacc_warmstart=d.qacc)
+
+
+def _euler(m: Model, d: Data) -> Data:
+    """Semi-implicit Euler; joint damping implicit unless eulerdamp is disabled (mj_Euler).
+
+    MuJoCo solves (M + h B) qacc' = qfrc. Writing it as qacc' = qacc - h (M + h B)^-1 B qacc
+    gives exactly qacc when no joint has damping, as MuJoCo's explicit branch does.
+    """
+    qacc = d.qacc
+    if not (m.opt.disabled(DisableBit.EULERDAMP) or m.opt.disabled(DisableBit.DAMPER)):
+        h = m.opt.timestep
+        damped = d.qM + torch.diag_embed(h * m.dof_damping)
+        correction = torch.cholesky_solve((h * m.dof_damping * qacc)[:, None], torch.linalg.cholesky(damped))
+        qacc = qacc - correction[:, 0]
+    return _advance(m, d, d.act_dot, qacc)
+
+
+_RK4_A = ((0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
+_RK4_B = (1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0)
+
+
+def _rk4_position_velocity(m: Model, theta: Tensor, qvel: Tensor) -> Tensor:
+    """Stage velocity mapped to the Lie algebra of each quaternion (Runge-Kutta-Munthe-Kaas).
+
+    For ball and free-joint rotations at the stage offset theta (a rotation vector),
+    the algebra velocity is dexp^-1(theta) w = w + theta x w / 2 + theta x (theta x w) / 12,
+    which makes RK4 fourth order on orientations, as in MuJoCo 4. Other dofs pass through.
+    """
+    adr = m.tree.rotation_dofadr
+    if not adr.shape[0]:
+        return qvel
+    th = math.gather_blocks(theta, adr, 3)
+    w = math.gather_blocks(qvel, adr, 3)
+    c1 = math.cross(th, w)
+    k = w + 0.5 * c1 + math.cross(th, c1) / 12
+    index = adr[:, None] + torch.arange(3, device=adr.device)
+    return qvel.index_copy(0, index.reshape(-1), k.reshape(-1))
+
+
+def _rk4(m: Model, d: Data) -> Data:
+    """4th-order Runge-Kutta over (qpos, qvel, act), Munthe-Kaas on rotations (mj_RungeKutta)."""
+    h = m.opt.timestep
+    qpos0, qvel0, act0, time0 = d.qpos, d.qvel, d.act, d.time
+    posvel = [_rk4_position_velocity(m, torch.zeros_like(d.qvel), d.qvel)]
+    acc, actd = [d.qacc], [d.act_dot]
+    for a in _RK4_A:
+        dpos = sum(c * v for c, v in zip(a, posvel))
+        dqacc = sum(c * v for c, v in zip(a, acc))
+        dact = sum(c * v for c, v in zip(a, actd))
+        stage = d.replace(
+            qpos=integrate_pos(m, qpos0, dpos, h),
+            qvel=qvel0 + h * dqacc,
+            act=act0 + h * dact,
+            time=time0 + sum(a) * h,
+        )
+        d = _forward(m, stage)
+        posvel.append(_rk4_position_velocity(m, h * dpos, d.qvel))
+        acc.append(d.qacc)
+        actd.append(d.act_dot)
+    dpos = sum(b * v for b, v in zip(_RK4_B, posvel))
+    dqacc = sum(b * v for b, v in zip(_RK4_B, acc))
+    dact = sum(b * v for b, v in zip(_RK4_B, actd))
+    d = d.replace(qpos=qpos0, qvel=qvel0, act=act0, time=time0)
+    return _advance(m, d, dact, dqacc, dpos)
+
+
+def qfrc_smooth_vel(m: Model, d: Data) -> Tensor:
+    """d (qfrc_actuator + qfrc_passive) / d qvel, without the bias term (mjd_smooth_vel). [nv, nv]
+
+    Like MuJoCo's qDeriv it keeps only entries between dofs on one kinematic chain
+    (one an ancestor of the other): tendons and actuators coupling other dofs lose
+    those couplings in the implicit solve.
+    """
+    deriv = torch.zeros_like(d.qM)
+    if not m.opt.disabled(DisableBit.DAMPER):
+        deriv = deriv - torch.diag_embed(m.dof_damping)
+        if m.ntendon:
+            deriv = deriv - d.ten_J.transpose(-1, -2) @ (m.tendon_damping[:, None] * d.ten_J)
+    if m.nu and not m.opt.disabled(DisableBit.ACTUATION):
+        gain = actuator_force_vel(m, d)
+        deriv = deriv + d.actuator_moment.transpose(-1, -2) @ (gain[:, None] * d.actuator_moment)
+    chain = m.tree.dof_ancestor
+    return deriv * torch.clamp(chain + chain.transpose(-1, -2), max=1.0)
+
+
+def bias_vel(m: Model, d: Data) -> Tensor:
+    """d qfrc_bias / d qvel by forward-mode autodiff (exact; bias is quadratic in qvel). [nv, nv]"""
+
+    def bias(qvel: Tensor) -> Tensor:
+        return rne(m, com_vel(m, d.replace(qvel=qvel)))
+
+    return torch.func.jacfwd(bias)(d.qvel)
+
+
+def _implicit(m: Model, d: Data) -> Data:
+    """Implicit-in-velocity integrators (mj_implicit).
+
+    implicit: solve (M - h dF/dv) qacc' = qfrc with the full derivative (LU).
+    implicitfast: drop the bias derivative and use Cholesky; standalone free bodies
+    get their 6x6 block solved with the bias derivative included, as MuJoCo does.
+    """
+    h = m.opt.timestep
+    qfrc = d.qfrc_smooth + d.qfrc_constraint
+    deriv = qfrc_smooth_vel(m, d)
+    if m.opt.integrator == IntegratorType.IMPLICIT:
+        qacc = torch.linalg.solve(d.qM - h * (deriv - bias_vel(m, d)), qfrc)
+        return _advance(m, d, d.act_dot, qacc)
+
+    qh = d.qM - h * deriv
+    qacc = torch.cholesky_solve(qfrc[:, None], torch.linalg.cholesky(qh))[:, 0]
+    blocks = m.tree.free_body_dofadr
+    if blocks:
+        bias = bias_vel(m, d)
+        for adr in blocks:
+            block = slice(adr, adr + 6)
+            a = qh[block, block] + h * bias[block, block]
+            qacc = torch.cat((qacc[:adr], torch.linalg.solve(a, qfrc[block]), qacc[adr + 6 :]))
+    return _advance(m, d, d.act_dot, qacc)
+
+
+def _step(m: Model, d: Data) -> Data:
+    d = _forward(m, d)
+    integrator = m.opt.integrator
+    if integrator == IntegratorType.EULER:
+        return _euler(m, d)
+    if integrator == IntegratorType.RK4:
+        return _rk4(m, d)
+    return _implicit(m, d)
+
+
+def _check(m: Model, d: Data) -> None:
+    """Clear errors for data that does not fit the model (shapes, dtypes, devices)."""
+    if not isinstance(d, Data):
+        raise ValueError(f"expected diffmj.Data, got {type(d).__name__}")
+    for name, size in (("qpos", m.nq), ("qvel", m.nv), ("ctrl", m.nu), ("act", m.na)):
+        value = getattr(d, name)
+        if value.shape[-1] != size:
+            raise ValueError(f"d.{name} has length {value.shape[-1]}, the model needs {size}")
+        if value.dtype != m.dtype:
+            raise ValueError(f"d.{name} is {value.dtype} but the model is {m.dtype}; use d.to(dtype)")
+        if value.device != m.device:
+            raise ValueError(f"d.{name} is on {value.device} but the model is on {m.device}")
+
+
+def _map_batch(fn, m: Model, d: Data) -> Data:
+    """Apply an unbatched stage over all leading batch dimensions of d with torch.vmap."""
+    if not d.batch_dims:
+        return fn(m, d)
+    shape = d.batch_size
+    flat = d.reshape(-1)
+    out = torch.vmap(fn, in_dims=(None, 0))(m, flat)
+    return out.reshape(shape)
+
+
+def forward(m: Model, d: Data) -> Data:
+    """All quantities derived from the state (mj_forward). Pure: returns a new Data."""
+    _check(m, d)
+    return _map_batch(_forward, m, d)
+
+
+def step(m: Model, d: Data) -> Data:
+    """Advance the simulation by one timestep (mj_step). Pure: returns a new Data."""
+    _check(m, d)
+    return _map_batch(_step, m, d)

@@ -1,0 +1,349 @@
+"""Conversion between MuJoCo's C structures and diffmj's Model / Data.
+
+``put_model`` is the single gate for model features: anything diffmj does
+not implement raises ``NotImplementedError`` naming the feature and the
+element, so no model runs with silently different physics.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mujoco
+import numpy as np
+import torch
+
+from diffmj.plan import build_actuator_plan, build_tendon_plan
+from diffmj.tree import build_tree_plan
+from diffmj.types import (
+    BiasType,
+    Data,
+    DisableBit,
+    DynType,
+    EnableBit,
+    GainType,
+    IntegratorType,
+    JointType,
+    Model,
+    Option,
+    TrnType,
+)
+
+_SUPPORTED_INTEGRATORS = (
+    IntegratorType.EULER, IntegratorType.RK4, IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST)
+_SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE)
+_SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT)
+_SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE)
+_SUPPORTED_BIAS = (BiasType.NONE, BiasType.AFFINE)
+_WRAP_JOINT = 1
+
+
+def _name(mjm: mujoco.MjModel, obj: mujoco.mjtObj, i: int) -> str:
+    name = mujoco.mj_id2name(mjm, obj, i)
+    return f"'{name}'" if name else f"#{i}"
+
+
+def _refuse(what: str) -> None:
+    raise NotImplementedError(f"{what} is not supported by diffmj")
+
+
+def check_supported(mjm: mujoco.MjModel) -> None:
+    """Raise NotImplementedError naming the first unsupported feature of ``mjm``."""
+    opt = mjm.opt
+    obj = mujoco.mjtObj
+    if opt.integrator not in _SUPPORTED_INTEGRATORS:
+        _refuse(f"option integrator '{IntegratorType(opt.integrator).name.lower()}'")
+    if opt.enableflags & EnableBit.SLEEP:
+        _refuse("option flag 'sleep'")
+    if opt.noslip_iterations > 0:
+        _refuse("option noslip_iterations > 0 (noslip solver)")
+    if opt.density > 0 or opt.viscosity > 0:
+        _refuse("fluid forces (option density / viscosity)")
+    for count, feature in (
+        (mjm.nflex, "flex"),
+        (mjm.nplugin, "plugin"),
+        (mjm.nsensor, "sensors"),
+        (mjm.nplastic, "plasticity (springyield)"),
+        (mjm.nhistory, "actuator / sensor history buffers"),
+        (mjm.neq, "equality constraints"),
+        (mjm.npair, "explicit contact pairs"),
+    ):
+        if count:
+            _refuse(feature)
+
+    for j in range(mjm.njnt):
+        if mjm.jnt_limited[j] and not opt.disableflags & DisableBit.LIMIT:
+            _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, j)}: joint limits")
+        if np.any(mjm.jnt_stiffnesspoly[j]):
+            _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, j)}: polynomial stiffness")
+        if mjm.jnt_actuatorid[j] >= 0:
+            _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, j)}: actuator damping / armature")
+    for i in range(mjm.nv):
+        jname = _name(mjm, obj.mjOBJ_JOINT, mjm.dof_jntid[i])
+        if mjm.dof_frictionloss[i] > 0 and not opt.disableflags & DisableBit.FRICTIONLOSS:
+            _refuse(f"joint {jname}: frictionloss")
+        if np.any(mjm.dof_dampingpoly[i]):
+            _refuse(f"joint {jname}: polynomial damping")
+
+    if not opt.disableflags & DisableBit.CONTACT:
+        for g in range(mjm.ngeom):
+            if mjm.geom_contype[g] or mjm.geom_conaffinity[g]:
+                _refuse(f"geom {_name(mjm, obj.mjOBJ_GEOM, g)}: collisions (set contype=conaffinity=0)")
+
+    for t in range(mjm.ntendon):
+        tname = _name(mjm, obj.mjOBJ_TENDON, t)
+        adr, num = mjm.tendon_adr[t], mjm.tendon_num[t]
+        if np.any(mjm.wrap_type[adr : adr + num] != _WRAP_JOINT):
+            _refuse(f"tendon {tname}: spatial tendons")
+        if mjm.tendon_limited[t] and not opt.disableflags & DisableBit.LIMIT:
+            _refuse(f"tendon {tname}: tendon limits")
+        if mjm.tendon_frictionloss[t] > 0 and not opt.disableflags & DisableBit.FRICTIONLOSS:
+            _refuse(f"tendon {tname}: frictionloss")
+        if np.any(mjm.tendon_stiffnesspoly[t]) or np.any(mjm.tendon_dampingpoly[t]):
+            _refuse(f"tendon {tname}: polynomial stiffness / damping")
+        if mjm.tendon_actuatorid[t] >= 0:
+            _refuse(f"tendon {tname}: actuator damping / armature")
+
+    for i in range(mjm.nu):
+        aname = f"actuator {_name(mjm, obj.mjOBJ_ACTUATOR, i)}"
+        trn = mjm.actuator_trntype[i]
+        if trn not in _SUPPORTED_TRN:
+            _refuse(f"{aname}: transmission '{TrnType(trn).name.lower()}'")
+        if trn == TrnType.SITE and mjm.actuator_trnid[i, 1] >= 0:
+            _refuse(f"{aname}: site transmission with refsite")
+        if mjm.actuator_dyntype[i] not in _SUPPORTED_DYN:
+            _refuse(f"{aname}: dynamics '{DynType(mjm.actuator_dyntype[i]).name.lower()}'")
+        if mjm.actuator_gaintype[i] not in _SUPPORTED_GAIN:
+            _refuse(f"{aname}: gain '{GainType(mjm.actuator_gaintype[i]).name.lower()}'")
+        if mjm.actuator_biastype[i] not in _SUPPORTED_BIAS:
+            _refuse(f"{aname}: bias '{BiasType(mjm.actuator_biastype[i]).name.lower()}'")
+        if mjm.actuator_delay[i] > 0:
+            _refuse(f"{aname}: delay")
+        if mjm.actuator_ctrlnum[i] != 1 or mjm.actuator_outnum[i] != 1:
+            _refuse(f"{aname}: multi-input / multi-output actuators")
+        if mjm.actuator_actnum[i] > 1:
+            _refuse(f"{aname}: more than one activation state")
+        if mjm.actuator_plugin[i] >= 0:
+            _refuse(f"{aname}: actuator plugin")
+
+
+def _tuple(x) -> tuple[int, ...]:
+    return tuple(int(v) for v in np.asarray(x).reshape(-1))
+
+
+def put_model(
+    mjm: mujoco.MjModel,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Model:
+    """Convert a ``mujoco.MjModel`` to a diffmj Model on ``device`` with float ``dtype``."""
+    if not isinstance(mjm, mujoco.MjModel):
+        raise TypeError(f"put_model expects a mujoco.MjModel, got {type(mjm).__name__}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+    check_supported(mjm)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+
+    def t(x) -> torch.Tensor:
+        return torch.as_tensor(np.array(x, dtype=np.float64), device=device).to(dtype)
+
+    o = mjm.opt
+    opt = Option(
+        timestep=t(o.timestep),
+        gravity=t(o.gravity),
+        impratio=t(o.impratio),
+        tolerance=t(o.tolerance),
+        ls_tolerance=t(o.ls_tolerance),
+        o_margin=t(o.o_margin),
+        o_solref=t(o.o_solref),
+        o_solimp=t(o.o_solimp),
+        o_friction=t(o.o_friction),
+        integrator=IntegratorType(o.integrator),
+        cone=o.cone,
+        solver=o.solver,
+        iterations=int(o.iterations),
+        ls_iterations=int(o.ls_iterations),
+        disableflags=int(o.disableflags),
+        enableflags=int(o.enableflags),
+        disableactuator=int(o.disableactuator),
+    )
+
+    fields = {}
+    for f in Model._static_names:
+        fields[f] = _tuple(getattr(mjm, f)) if not f.startswith("n") or "_" in f else int(getattr(mjm, f))
+    fields["actuator_trnid"] = tuple((int(a), int(b)) for a, b in mjm.actuator_trnid)
+    for f in Model._data_names:
+        if f not in ("opt", "tree", "tendon_plan", "actuator_plan"):
+            fields[f] = t(getattr(mjm, f))
+    # MuJoCo stores these per-element scalars as [n, 1]
+    for f in ("body_mass", "body_gravcomp", "jnt_stiffness", "jnt_margin", "geom_solmix",
+              "geom_margin", "geom_gap", "geom_rbound", "wrap_prm", "tendon_stiffness",
+              "tendon_damping", "tendon_armature", "tendon_frictionloss", "tendon_margin",
+              "tendon_invweight0", "dof_armature", "dof_damping", "dof_frictionloss",
+              "dof_invweight0"):
+        fields[f] = fields[f].reshape(-1)
+    return Model(
+        opt=opt,
+        tree=build_tree_plan(mjm, dtype, device),
+        tendon_plan=build_tendon_plan(mjm, device),
+        actuator_plan=build_actuator_plan(mjm, dtype, device),
+        **fields,
+    )
+
+
+def load(path_or_xml: str | os.PathLike, **kwargs) -> Model:
+    """Load an MJCF file (path) or XML string and convert it with ``put_model``."""
+    text = os.fspath(path_or_xml)
+    if text.lstrip().startswith("<"):
+        mjm = mujoco.MjModel.from_xml_string(text)
+    else:
+        mjm = mujoco.MjModel.from_xml_path(text)
+    return put_model(mjm, **kwargs)
+
+
+def _zeros_data(m: Model, batch_shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    nb, nv, nu, na, nq = m.nbody, m.nv, m.nu, m.na, m.nq
+    shapes = {
+        "time": (),
+        "qpos": (nq,),
+        "qvel": (nv,),
+        "act": (na,),
+        "qacc_warmstart": (nv,),
+        "ctrl": (nu,),
+        "qfrc_applied": (nv,),
+        "xfrc_applied": (nb, 6),
+        "mocap_pos": (m.nmocap, 3),
+        "mocap_quat": (m.nmocap, 4),
+        "qacc": (nv,),
+        "act_dot": (na,),
+        "xpos": (nb, 3),
+        "xquat": (nb, 4),
+        "xmat": (nb, 3, 3),
+        "xipos": (nb, 3),
+        "ximat": (nb, 3, 3),
+        "xanchor": (m.njnt, 3),
+        "xaxis": (m.njnt, 3),
+        "geom_xpos": (m.ngeom, 3),
+        "geom_xmat": (m.ngeom, 3, 3),
+        "site_xpos": (m.nsite, 3),
+        "site_xmat": (m.nsite, 3, 3),
+        "subtree_com": (nb, 3),
+        "cdof": (nv, 6),
+        "cinert": (nb, 10),
+        "crb": (nb, 10),
+        "ten_length": (m.ntendon,),
+        "ten_J": (m.ntendon, nv),
+        "actuator_length": (nu,),
+        "actuator_moment": (nu, nv),
+        "qM": (nv, nv),
+        "qLD": (nv, nv),
+        "ten_velocity": (m.ntendon,),
+        "actuator_velocity": (nu,),
+        "cvel": (nb, 6),
+        "cdof_dot": (nv, 6),
+        "qfrc_bias": (nv,),
+        "qfrc_spring": (nv,),
+        "qfrc_damper": (nv,),
+        "qfrc_gravcomp": (nv,),
+        "qfrc_passive": (nv,),
+        "actuator_force": (nu,),
+        "qfrc_actuator": (nv,),
+        "qfrc_smooth": (nv,),
+        "qacc_smooth": (nv,),
+        "qfrc_constraint": (nv,),
+    }
+    return {k: torch.zeros((*batch_shape, *s), dtype=m.dtype, device=m.device) for k, s in shapes.items()}
+
+
+def make_data(m: Model, batch_shape: tuple[int, ...] | int = ()) -> Data:
+    """Data at the model's default state (qpos0, zero velocity), like ``mujoco.MjData``."""
+    if isinstance(batch_shape, int):
+        batch_shape = (batch_shape,)
+    batch_shape = tuple(batch_shape)
+    fields = _zeros_data(m, batch_shape)
+    fields["qpos"] = m.qpos0.expand(*batch_shape, m.nq).clone()
+    mocap_bodies = [b for b in range(m.nbody) if m.body_mocapid[b] >= 0]
+    mocap_bodies.sort(key=lambda b: m.body_mocapid[b])
+    if mocap_bodies:
+        fields["mocap_pos"] = m.body_pos[mocap_bodies].expand(*batch_shape, -1, -1).clone()
+        fields["mocap_quat"] = m.body_quat[mocap_bodies].expand(*batch_shape, -1, -1).clone()
+    return Data(**fields, batch_size=batch_shape)
+
+
+def _dense(values, rownnz, rowadr, colind, ncol) -> np.ndarray:
+    out = np.zeros((len(rownnz), ncol))
+    if len(rownnz) and ncol:
+        mujoco.mju_sparse2dense(out, np.asarray(values, dtype=np.float64), rownnz, rowadr, colind)
+    return out
+
+
+def put_data(m: Model, mjd: mujoco.MjData) -> Data:
+    """Convert a ``mujoco.MjData`` (state, inputs and computed fields) to Data."""
+    if mjd.qpos.shape[0] != m.nq or mjd.qvel.shape[0] != m.nv or mjd.ctrl.shape[0] != m.nu:
+        raise ValueError("mujoco.MjData does not match the model's sizes (nq, nv, nu)")
+    mjm = mjd.model
+    fields = {}
+    for name, zero in _zeros_data(m, ()).items():
+        if name in ("qM", "qLD", "ten_J", "actuator_moment"):
+            continue
+        value = np.asarray(getattr(mjd, name), dtype=np.float64)
+        fields[name] = torch.as_tensor(value.reshape(zero.shape).copy(), device=m.device).to(m.dtype)
+    qm = np.zeros((m.nv, m.nv))
+    if m.nv:
+        mujoco.mj_fullM(mjm, mjd, qm)
+    fields["qM"] = torch.as_tensor(qm, device=m.device).to(m.dtype)
+    # qLD is diffmj's dense Cholesky factor; derive it when MuJoCo has computed M
+    fields["qLD"] = torch.linalg.cholesky(fields["qM"]) if np.any(qm) else torch.zeros_like(fields["qM"])
+    ten_j = _dense(mjd.ten_J, mjm.ten_J_rownnz, mjm.ten_J_rowadr, mjm.ten_J_colind, m.nv)
+    moment = _dense(mjd.actuator_moment, mjd.moment_rownnz, mjd.moment_rowadr, mjd.moment_colind, m.nv)
+    fields["ten_J"] = torch.as_tensor(ten_j, device=m.device).to(m.dtype)
+    fields["actuator_moment"] = torch.as_tensor(moment, device=m.device).to(m.dtype)
+    return Data(**fields, batch_size=())
+
+
+# fields copied back by get_data: those whose layout is MuJoCo's own
+_GET_FIELDS = (
+    "time", "qpos", "qvel", "act", "qacc_warmstart", "ctrl", "qfrc_applied", "xfrc_applied",
+    "mocap_pos", "mocap_quat", "qacc", "act_dot", "xpos", "xquat", "xmat", "xipos", "ximat",
+    "xanchor", "xaxis", "geom_xpos", "geom_xmat", "site_xpos", "site_xmat", "subtree_com",
+    "cdof", "cinert", "crb", "ten_length", "actuator_length", "ten_velocity",
+    "actuator_velocity", "cvel", "cdof_dot", "qfrc_bias", "qfrc_spring", "qfrc_damper",
+    "qfrc_gravcomp", "qfrc_passive", "actuator_force", "qfrc_actuator", "qfrc_smooth",
+    "qacc_smooth", "qfrc_constraint",
+)
+
+
+def get_data_into(mjd: mujoco.MjData, mjm: mujoco.MjModel, d: Data) -> None:
+    """Copy an unbatched Data into ``mjd`` (MJX's ``get_data_into``).
+
+    State, inputs and every computed field with MuJoCo's own layout are
+    copied; MuJoCo's sparse fields (M, qLD, ten_J, actuator_moment) are left
+    for ``mujoco.mj_forward`` to recompute.
+    """
+    if d.batch_dims:
+        raise ValueError(f"get_data takes one unbatched Data, got batch_size {tuple(d.batch_size)}")
+    if mjd.qpos.shape[0] != d.qpos.shape[-1] or mjd.qvel.shape[0] != d.qvel.shape[-1]:
+        raise ValueError("mujoco.MjData does not match the Data's sizes (nq, nv)")
+    for name in _GET_FIELDS:
+        value = getattr(d, name).detach().to("cpu", torch.float64).numpy()
+        if name == "time":
+            mjd.time = float(value)
+        else:
+            target = getattr(mjd, name)
+            target[...] = value.reshape(target.shape)
+
+
+def get_data(mjm: mujoco.MjModel, d: Data) -> mujoco.MjData | list[mujoco.MjData]:
+    """A new ``mujoco.MjData`` holding ``d`` (a list for a batch), as MJX's ``get_data``.
+
+    ``mjm`` is the ``mujoco.MjModel`` the diffmj Model was made from.
+    """
+    if not isinstance(mjm, mujoco.MjModel):
+        raise TypeError("get_data takes the mujoco.MjModel (as mjx.get_data does), "
+                        f"got {type(mjm).__name__}")
+    if d.batch_dims:
+        return [get_data(mjm, d[i]) for i in range(d.batch_size[0])]
+    mjd = mujoco.MjData(mjm)
+    get_data_into(mjd, mjm, d)
+    return mjd

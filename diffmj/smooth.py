@@ -1,0 +1,278 @@
+"""Smooth dynamics: kinematics, inertia, velocities, bias forces, tendons, transmissions.
+
+Each stage is a pure function ``f(m, d) -> d`` mirroring MuJoCo's
+``engine_core_smooth.c`` (``mj_kinematics``, ``mj_comPos``, ``mj_crb``,
+``mj_factorM``, ``mj_comVel``, ``mj_rne``, ``mj_tendon``,
+``mj_transmission``). All spatial quantities live in MuJoCo's com-based
+frame, where tree recursions other than kinematics are sums over ancestors
+or subtrees (matmuls with the constant matrices of ``m.tree``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from diffmj import math
+from diffmj.tree import BALL, FREE, SLIDE
+from diffmj.types import Data, DisableBit, Model
+
+
+def kinematics(m: Model, d: Data) -> Data:
+    """Global frames of bodies, joints, geoms and sites from qpos (mj_kinematics)."""
+    dtype, device = m.dtype, m.device
+    qpos = d.qpos
+    xpos = [torch.zeros(1, 3, dtype=dtype, device=device)]
+    xquat = [torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=dtype, device=device)]
+    xmat = [torch.eye(3, dtype=dtype, device=device)[None]]
+    anchors, axes = [], []
+    for level in m.tree.levels:
+        body_pos = m.body_pos[level.body]
+        body_quat = m.body_quat[level.body]
+        if level.mocap_slot.shape[0]:
+            mocap_quat = math.quat_normalize(d.mocap_quat[level.mocap_id])
+            body_pos = body_pos.index_copy(0, level.mocap_slot, d.mocap_pos[level.mocap_id])
+            body_quat = body_quat.index_copy(0, level.mocap_slot, mocap_quat)
+        parent_mat = xmat[-1][level.parent_slot]
+        pos = xpos[-1][level.parent_slot] + (parent_mat @ body_pos[..., None])[..., 0]
+        quat = math.quat_mul(xquat[-1][level.parent_slot], body_quat)
+        for group in level.groups:
+            p, q = pos[group.slot], quat[group.slot]
+            jnt_pos, jnt_axis = m.jnt_pos[group.jnt], m.jnt_axis[group.jnt]
+            if group.jnt_type == FREE:
+                p = math.gather_blocks(qpos, group.qposadr, 3)
+                q = math.quat_normalize(math.gather_blocks(qpos, group.qposadr + 3, 4))
+                anchor, axis = p, jnt_axis
+            else:
+                axis = math.rot_vec_quat(jnt_axis, q)
+                anchor = math.rot_vec_quat(jnt_pos, q) + p
+                if group.jnt_type == SLIDE:
+                    p = p + axis * (qpos[group.qposadr] - m.qpos0[group.qposadr])[:, None]
+                else:
+                    if group.jnt_type == BALL:
+                        qloc = math.quat_normalize(math.gather_blocks(qpos, group.qposadr, 4))
+                    else:
+                        angle = qpos[group.qposadr] - m.qpos0[group.qposadr]
+                        qloc = math.axis_angle_to_quat(jnt_axis, angle)
+                    q = math.quat_mul(q, qloc)
+                    p = anchor - math.rot_vec_quat(jnt_pos, q)
+            pos = pos.index_copy(0, group.slot, p)
+            quat = quat.index_copy(0, group.slot, q)
+            anchors.append(anchor)
+            axes.append(axis)
+        quat = math.quat_normalize(quat)
+        xpos.append(pos)
+        xquat.append(quat)
+        xmat.append(math.quat_to_mat(quat))
+
+    order = m.tree.body_order
+    xpos_all = torch.cat(xpos)[order]
+    xquat_all = torch.cat(xquat)[order]
+    xmat_all = torch.cat(xmat)[order]
+    if anchors:
+        xanchor = torch.cat(anchors)[m.tree.jnt_order]
+        xaxis = torch.cat(axes)[m.tree.jnt_order]
+    else:
+        xanchor = xaxis = d.xanchor
+
+    def local_to_global(body: Tensor | None, local_pos: Tensor, local_quat: Tensor):
+        pos, mat, quat = (xpos_all, xmat_all, xquat_all) if body is None else (
+            xpos_all[body], xmat_all[body], xquat_all[body])
+        glob_pos = pos + (mat @ local_pos[..., None])[..., 0]
+        return glob_pos, math.quat_to_mat(math.quat_mul(quat, local_quat))
+
+    xipos, ximat = local_to_global(None, m.body_ipos, m.body_iquat)
+    geom_xpos, geom_xmat = local_to_global(m.tree.geom_bodyid, m.geom_pos, m.geom_quat)
+    site_xpos, site_xmat = local_to_global(m.tree.site_bodyid, m.site_pos, m.site_quat)
+    return d.replace(
+        xpos=xpos_all,
+        xquat=xquat_all,
+        xmat=xmat_all,
+        xipos=xipos,
+        ximat=ximat,
+        xanchor=xanchor,
+        xaxis=xaxis,
+        geom_xpos=geom_xpos,
+        geom_xmat=geom_xmat,
+        site_xpos=site_xpos,
+        site_xmat=site_xmat,
+    )
+
+
+def subtree_mass(m: Model) -> Tensor:
+    """Mass of each body's subtree [nbody], from the current ``body_mass``."""
+    return m.tree.body_subtree @ m.body_mass
+
+
+def com_pos(m: Model, d: Data) -> Data:
+    """Subtree centres of mass, com-frame inertias and motion dofs (mj_comPos)."""
+    tree = m.tree
+    mass = m.body_mass
+    total = subtree_mass(m)
+    moment = tree.body_subtree @ (mass[:, None] * d.xipos)
+    small = (total < math.MINVAL)[:, None]
+    subtree_com = torch.where(small, d.xipos, moment / torch.where(small, 1.0, total[:, None]))
+
+    offset = d.xipos - subtree_com[tree.body_rootid]
+    cinert = math.inert_com(m.body_inertia, d.ximat, offset, mass)
+
+    # motion dofs: hinge [axis, axis x r], slide [0, axis], ball / free rotation use the
+    # body frame's columns, free translation the world axes
+    axis = (
+        d.xaxis[tree.dof_jntid] * tree.dof_axis_from_joint[:, None]
+        + (d.xmat[tree.dof_bodyid] * tree.dof_axis_from_body[:, None, :]).sum(-1)
+        + tree.dof_axis_world
+    )
+    offset = subtree_com[tree.dof_rootid] - d.xanchor[tree.dof_jntid]
+    rotational = tree.dof_rotational[:, None]
+    cdof = torch.cat((axis * rotational, math.cross(axis, offset) * rotational + axis * (1 - rotational)), -1)
+    return d.replace(subtree_com=subtree_com, cinert=cinert, cdof=cdof)
+
+
+def tendon(m: Model, d: Data) -> Data:
+    """Fixed-tendon lengths and Jacobians (mj_tendon)."""
+    if not m.ntendon:
+        return d
+    plan = m.tendon_plan
+    length = torch.zeros(m.ntendon, dtype=m.dtype, device=m.device).index_add(
+        0, plan.wrap_tendon, m.wrap_prm * d.qpos[plan.wrap_qposadr]
+    )
+    ten_j = torch.zeros(m.ntendon, m.nv, dtype=m.dtype, device=m.device).index_put(
+        (plan.wrap_tendon, plan.wrap_dofadr), m.wrap_prm, accumulate=True
+    )
+    return d.replace(ten_length=length, ten_J=ten_j)
+
+
+def crb(m: Model, d: Data) -> Data:
+    """Composite inertias and the joint-space inertia matrix qM (mj_crb + mj_tendonArmature)."""
+    tree = m.tree
+    composite = tree.body_subtree @ d.cinert
+    composite = torch.cat((d.cinert[:1], composite[1:]))  # the world accumulates nothing
+    force = math.inert_mul(composite[tree.dof_bodyid], d.cdof)  # crb_body(i) * cdof_i
+    lower = (force @ d.cdof.transpose(-1, -2)) * tree.dof_ancestor  # [i, j]: cdof_j . force_i
+    qm = lower + lower.transpose(-1, -2) - torch.diag_embed(torch.diagonal(lower, 0, -2, -1))
+    qm = qm + torch.diag_embed(m.dof_armature)
+    if m.ntendon:
+        qm = qm + d.ten_J.transpose(-1, -2) @ (m.tendon_armature[:, None] * d.ten_J)
+    return d.replace(crb=composite, qM=qm)
+
+
+def factor_m(m: Model, d: Data) -> Data:
+    """Cholesky factor of qM (mj_factorM; dense here)."""
+    return d.replace(qLD=torch.linalg.cholesky(d.qM))
+
+
+def solve_m(m: Model, d: Data, x: Tensor) -> Tensor:
+    """qM^-1 x for x [nv] or [nv, k] (mj_solveM)."""
+    if x.dim() == 1:
+        return torch.cholesky_solve(x[:, None], d.qLD)[:, 0]
+    return torch.cholesky_solve(x, d.qLD)
+
+
+def com_vel(m: Model, d: Data) -> Data:
+    """Body velocities in the com frame and cdof time derivatives (mj_comVel)."""
+    tree = m.tree
+    dof_vel = d.cdof * d.qvel[:, None]
+    cvel = tree.body_dof_ancestor @ dof_vel
+    vel_before = tree.dof_vel_ancestor @ dof_vel
+    cdof_dot = math.cross_motion(vel_before, d.cdof) * (1 - tree.dof_free_translation)[:, None]
+    return d.replace(cvel=cvel, cdof_dot=cdof_dot)
+
+
+def rne(m: Model, d: Data, qacc: Tensor | None = None) -> Tensor:
+    """Recursive Newton-Euler: C(q, v) + g(q), plus M qacc if given (mj_rne). [nv]"""
+    tree = m.tree
+    cacc = tree.body_dof_ancestor @ (d.cdof_dot * d.qvel[:, None])
+    if qacc is not None:
+        cacc = cacc + tree.body_dof_ancestor @ (d.cdof * qacc[:, None])
+    if not m.opt.disabled(DisableBit.GRAVITY):
+        cacc = cacc + torch.cat((torch.zeros_like(m.opt.gravity), -m.opt.gravity))
+    frc = math.inert_mul(d.cinert, cacc) + math.cross_force(d.cvel, math.inert_mul(d.cinert, d.cvel))
+    frc = tree.body_subtree @ frc
+    return (d.cdof * frc[tree.dof_bodyid]).sum(-1)
+
+
+def jac(m: Model, d: Data, point: Tensor, body: Tensor) -> tuple[Tensor, Tensor]:
+    """Translational and rotational Jacobians of points fixed to bodies (mj_jac).
+
+    point [k, 3] in world coordinates, body [k] ids; returns jacp, jacr [k, 3, nv].
+    """
+    mask = m.tree.body_dof_ancestor[body][:, None, :]  # [k, 1, nv]
+    offset = point - d.subtree_com[m.tree.body_rootid[body]]  # [k, 3]
+    ang = d.cdof[:, :3].transpose(-1, -2)[None]  # [1, 3, nv]
+    lin = d.cdof[:, 3:].transpose(-1, -2)[None]
+    jacp = (lin + math.cross(ang.transpose(-1, -2), offset[:, None, :]).transpose(-1, -2)) * mask
+    return jacp, ang * mask
+
+
+def apply_ft(
+    m: Model, d: Data, force: Tensor, torque: Tensor, point: Tensor, body: Tensor | None = None
+) -> Tensor:
+    """Generalised force of forces / torques [k, 3] acting at points on bodies (mj_applyFT). [nv]
+
+    ``body`` [k] gives the body of each point; None means one point per body.
+    Each wrench becomes a com-frame spatial force; a dof feels the sum over the
+    bodies it moves: qfrc_j = cdof_j . sum_b [torque_b + r_b x force_b, force_b].
+    """
+    tree = m.tree
+    rootid, ancestor = (tree.body_rootid, tree.body_dof_ancestor) if body is None else (
+        tree.body_rootid[body], tree.body_dof_ancestor[body])
+    offset = point - d.subtree_com[rootid]
+    wrench = torch.cat((torque + math.cross(offset, force), force), -1)  # [k, 6]
+    per_dof = ancestor.transpose(-1, -2) @ wrench  # [nv, 6]
+    return (d.cdof * per_dof).sum(-1)
+
+
+def transmission(m: Model, d: Data) -> Data:
+    """Actuator lengths and moment arms (mj_transmission)."""
+    if not m.nu:
+        return d
+    plan = m.actuator_plan
+    gear = m.actuator_gear
+    nv = m.nv
+    lengths, moments = [], []
+
+    if plan.scalar_joint_act.shape[0]:
+        g = gear[plan.scalar_joint_act, 0]
+        lengths.append(d.qpos[plan.scalar_joint_qposadr] * g)
+        moments.append(torch.nn.functional.one_hot(plan.scalar_joint_dofadr, nv).to(g.dtype) * g[:, None])
+
+    def rotate_gear(axis_gear: Tensor, quat: Tensor, inparent: Tensor) -> Tensor:
+        in_parent = math.rot_vec_quat(axis_gear, math.quat_conj(quat))
+        return axis_gear + (in_parent - axis_gear) * inparent[:, None]
+
+    def scatter_dofs(values: Tensor, dofadr: Tensor) -> Tensor:
+        k, width = values.shape
+        index = dofadr[:, None] + torch.arange(width, device=dofadr.device)
+        return torch.zeros(k, nv, dtype=values.dtype, device=values.device).scatter(1, index, values)
+
+    if plan.ball_act.shape[0]:
+        quat = math.quat_normalize(math.gather_blocks(d.qpos, plan.ball_qposadr, 4))
+        axis = math.quat_to_vel(quat)
+        gear_axis = rotate_gear(gear[plan.ball_act, :3], quat, plan.ball_inparent)
+        lengths.append((axis * gear_axis).sum(-1))
+        moments.append(scatter_dofs(gear_axis, plan.ball_dofadr))
+
+    if plan.free_act.shape[0]:
+        quat = math.quat_normalize(math.gather_blocks(d.qpos, plan.free_qposadr, 4))
+        gear_axis = rotate_gear(gear[plan.free_act, 3:], quat, plan.free_inparent)
+        lengths.append(torch.zeros_like(gear_axis[:, 0]))
+        moments.append(scatter_dofs(torch.cat((gear[plan.free_act, :3], gear_axis), -1), plan.free_dofadr))
+
+    if plan.tendon_act.shape[0]:
+        g = gear[plan.tendon_act, 0]
+        lengths.append(d.ten_length[plan.tendon_id] * g)
+        moments.append(d.ten_J[plan.tendon_id] * g[:, None])
+
+    if plan.site_act.shape[0]:
+        site_mat = d.site_xmat[plan.site_id]
+        wrench_force = (site_mat @ gear[plan.site_act, :3, None])[..., 0]
+        wrench_torque = (site_mat @ gear[plan.site_act, 3:, None])[..., 0]
+        jacp, jacr = jac(m, d, d.site_xpos[plan.site_id], plan.site_body)
+        moment = (jacp * wrench_force[..., None]).sum(1) + (jacr * wrench_torque[..., None]).sum(1)
+        lengths.append(torch.zeros_like(moment[:, 0]))
+        moments.append(moment)
+
+    length = torch.cat(lengths)[plan.order]
+    moment = torch.cat(moments)[plan.order]
+    return d.replace(actuator_length=length, actuator_moment=moment)

@@ -1,0 +1,258 @@
+"""Kinematic-tree plans, computed once in ``put_model``.
+
+Two tools make the tree vectorisable:
+
+* **Depth levels.** Bodies are grouped by depth; forward kinematics runs one
+  vectorised step per level (rotations compose, so this pass is sequential).
+* **Ancestor matrices.** In MuJoCo's com-based frame every other recursion
+  is a plain sum over ancestors or over a subtree: body velocities, bias
+  accelerations, composite inertias, subtree momenta. Each becomes one
+  matmul with a constant 0/1 matrix, which vmaps, compiles and
+  differentiates without loops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
+
+FREE, BALL, SLIDE, HINGE = 0, 1, 2, 3
+
+
+@pytree_dataclass
+class JointGroup(PyTreeNode):
+    """Joints of one type occupying the same slot (k-th joint of their body) in one level."""
+
+    jnt_type: int = static_field()
+    slot: Tensor  # [n] position of each joint's body within its level
+    jnt: Tensor  # [n] joint ids
+    qposadr: Tensor  # [n]
+
+
+@pytree_dataclass
+class Level(PyTreeNode):
+    """Bodies at one depth of the tree, with what kinematics needs to place them."""
+
+    body: Tensor  # [n] body ids
+    parent_slot: Tensor  # [n] position of each parent within the previous level
+    mocap_slot: Tensor  # [k] positions of mocap bodies within this level
+    mocap_id: Tensor  # [k] their mocap ids
+    groups: tuple[JointGroup, ...]
+
+
+@pytree_dataclass
+class TreePlan(PyTreeNode):
+    """Index tensors and ancestor matrices of the kinematic tree."""
+
+    levels: tuple[Level, ...]  # depth 1, 2, ... (the world is depth 0)
+    body_order: Tensor  # [nbody] position of body i in the level-concatenated order
+    jnt_order: Tensor  # [njnt] position of joint i in the group-concatenated order
+    body_rootid: Tensor  # [nbody]
+    geom_bodyid: Tensor  # [ngeom]
+    site_bodyid: Tensor  # [nsite]
+    body_subtree: Tensor  # [nbody, nbody] 1 where column body is in the subtree of row body
+    body_dof_ancestor: Tensor  # [nbody, nv] 1 where dof moves the body
+    dof_ancestor: Tensor  # [nv, nv] 1 where column dof is an ancestor of (or is) the row dof
+    dof_vel_ancestor: Tensor  # [nv, nv] 1 where column dof adds to the velocity cdof_dot uses
+    dof_bodyid: Tensor  # [nv]
+    dof_jntid: Tensor  # [nv]
+    dof_rootid: Tensor  # [nv] root body of the dof's body
+    dof_axis_from_joint: Tensor  # [nv] 1 for hinge and slide dofs (axis = xaxis)
+    dof_axis_from_body: Tensor  # [nv, 3] one-hot body-frame column for ball / free rotation dofs
+    dof_axis_world: Tensor  # [nv, 3] unit world axis of free translation dofs
+    dof_rotational: Tensor  # [nv] 1 for hinge, ball, free rotation (cdof = [axis, axis x r])
+    dof_free_translation: Tensor  # [nv] 1 for free translation dofs (cdof_dot = 0)
+    # joints by type, for passive forces and position integration
+    scalar_jnt: Tensor  # [n] hinge and slide joints
+    scalar_qposadr: Tensor
+    scalar_dofadr: Tensor
+    ball_jnt: Tensor  # [n] ball joints
+    ball_qposadr: Tensor
+    ball_dofadr: Tensor
+    free_jnt: Tensor  # [n] free joints
+    free_qposadr: Tensor
+    free_dofadr: Tensor
+    rotation_dofadr: Tensor  # [n] first dof of each ball joint and free-joint rotation
+    gravcomp_body: Tensor  # [k] bodies with non-zero gravcomp in the source model
+    max_depth: int = static_field()
+    free_body_dofadr: tuple[int, ...] = static_field()  # standalone free bodies (mj_isFreeBody)
+
+
+def _long(values, device) -> Tensor:
+    return torch.as_tensor(np.asarray(values, dtype=np.int64).reshape(-1), device=device)
+
+
+def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
+    """Derive the tree plan from a ``mujoco.MjModel``."""
+    nbody, nv, njnt = mjm.nbody, mjm.nv, mjm.njnt
+    parent = mjm.body_parentid
+    jnt_type = mjm.jnt_type
+
+    depth = np.zeros(nbody, dtype=int)
+    for b in range(1, nbody):
+        depth[b] = depth[parent[b]] + 1
+    max_depth = int(depth.max()) if nbody > 1 else 0
+
+    # ---- levels for forward kinematics
+    levels = []
+    slot_of_body = np.zeros(nbody, dtype=int)
+    order = [0]
+    jnt_order_list: list[int] = []
+    for level in range(1, max_depth + 1):
+        bodies = [b for b in range(nbody) if depth[b] == level]
+        for s, b in enumerate(bodies):
+            slot_of_body[b] = s
+        order.extend(bodies)
+        mocap = [(s, int(mjm.body_mocapid[b])) for s, b in enumerate(bodies) if mjm.body_mocapid[b] >= 0]
+        groups = []
+        max_slot = max(int(mjm.body_jntnum[b]) for b in bodies)
+        for k in range(max_slot):
+            for jtype in (FREE, BALL, SLIDE, HINGE):
+                members = [
+                    (s, int(mjm.body_jntadr[b]) + k)
+                    for s, b in enumerate(bodies)
+                    if mjm.body_jntnum[b] > k and jnt_type[mjm.body_jntadr[b] + k] == jtype
+                ]
+                if not members:
+                    continue
+                slots, jnts = zip(*members)
+                jnt_order_list.extend(jnts)
+                groups.append(
+                    JointGroup(
+                        jnt_type=jtype,
+                        slot=_long(slots, device),
+                        jnt=_long(jnts, device),
+                        qposadr=_long(mjm.jnt_qposadr[list(jnts)], device),
+                    )
+                )
+        levels.append(
+            Level(
+                body=_long(bodies, device),
+                parent_slot=_long([slot_of_body[parent[b]] for b in bodies], device),
+                mocap_slot=_long([s for s, _ in mocap], device),
+                mocap_id=_long([i for _, i in mocap], device),
+                groups=tuple(groups),
+            )
+        )
+    body_order = np.argsort(np.asarray(order))  # concatenated position -> body id, inverted
+    jnt_order = np.argsort(np.asarray(jnt_order_list, dtype=int)) if njnt else np.zeros(0, int)
+
+    # ---- ancestor matrices
+    def ancestors(b):
+        chain = [b]
+        while b:
+            b = parent[b]
+            chain.append(b)
+        return chain
+
+    body_subtree = np.zeros((nbody, nbody))
+    for b in range(nbody):
+        for a in ancestors(b):
+            body_subtree[a, b] = 1.0
+
+    dof_body = mjm.dof_bodyid
+    body_dof_ancestor = np.zeros((nbody, nv))
+    for b in range(nbody):
+        for a in ancestors(b):
+            body_dof_ancestor[b, dof_body == a] = 1.0
+
+    dof_parent = mjm.dof_parentid
+    dof_ancestor = np.zeros((nv, nv))
+    for i in range(nv):
+        j = i
+        while j >= 0:
+            dof_ancestor[i, j] = 1.0
+            j = dof_parent[j]
+
+    # dofs whose velocity enters cdof_dot of dof i (MuJoCo's mj_comVel): all dofs of
+    # ancestor joints; for a ball joint none of its own; for free rotations the free
+    # translations before them.
+    dof_jnt = mjm.dof_jntid
+    dof_vel_ancestor = np.zeros((nv, nv))
+    free_translation = np.zeros(nv)
+    axis_from_joint = np.zeros(nv)
+    axis_from_body = np.zeros((nv, 3))
+    axis_world = np.zeros((nv, 3))
+    rotational = np.zeros(nv)
+    for i in range(nv):
+        j = dof_jnt[i]
+        first = mjm.jnt_dofadr[j]
+        k = i - first
+        jtype = jnt_type[j]
+        if jtype == FREE and k < 3:
+            free_translation[i] = 1.0
+            axis_world[i, k] = 1.0
+            continue
+        if jtype in (FREE, BALL):
+            own_first = first + 3 if jtype == FREE else first
+            axis_from_body[i, i - own_first] = 1.0
+            rotational[i] = 1.0
+        else:
+            axis_from_joint[i] = 1.0
+            rotational[i] = float(jtype == HINGE)
+            own_first = i
+        dof_vel_ancestor[i] = dof_ancestor[own_first]
+        dof_vel_ancestor[i, own_first] = 0.0
+
+    def joints_of(types):
+        ids = [j for j in range(njnt) if jnt_type[j] in types]
+        return (
+            _long(ids, device),
+            _long(mjm.jnt_qposadr[ids], device),
+            _long(mjm.jnt_dofadr[ids], device),
+        )
+
+    def floats(x):
+        return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device).to(dtype)
+
+    scalar = joints_of((SLIDE, HINGE))
+    ball = joints_of((BALL,))
+    free = joints_of((FREE,))
+    return TreePlan(
+        levels=tuple(levels),
+        body_order=_long(body_order, device),
+        jnt_order=_long(jnt_order, device),
+        body_rootid=_long(mjm.body_rootid, device),
+        geom_bodyid=_long(mjm.geom_bodyid, device),
+        site_bodyid=_long(mjm.site_bodyid, device),
+        body_subtree=floats(body_subtree),
+        body_dof_ancestor=floats(body_dof_ancestor),
+        dof_ancestor=floats(dof_ancestor),
+        dof_vel_ancestor=floats(dof_vel_ancestor),
+        dof_bodyid=_long(dof_body, device),
+        dof_jntid=_long(dof_jnt, device),
+        dof_rootid=_long(mjm.body_rootid[dof_body], device),
+        dof_axis_from_joint=floats(axis_from_joint),
+        dof_axis_from_body=floats(axis_from_body),
+        dof_axis_world=floats(axis_world),
+        dof_rotational=floats(rotational),
+        dof_free_translation=floats(free_translation),
+        scalar_jnt=scalar[0],
+        scalar_qposadr=scalar[1],
+        scalar_dofadr=scalar[2],
+        ball_jnt=ball[0],
+        ball_qposadr=ball[1],
+        ball_dofadr=ball[2],
+        free_jnt=free[0],
+        free_qposadr=free[1],
+        free_dofadr=free[2],
+        rotation_dofadr=torch.cat((ball[2], free[2] + 3)),
+        gravcomp_body=_long(np.flatnonzero(mjm.body_gravcomp), device),
+        max_depth=max_depth,
+        free_body_dofadr=_standalone_free_bodies(mjm),
+    )
+
+
+def _standalone_free_bodies(mjm) -> tuple[int, ...]:
+    """First dof of each body with a single free joint and no massive children."""
+    out = []
+    for b in range(1, mjm.nbody):
+        if mjm.body_jntnum[b] != 1 or mjm.jnt_type[mjm.body_jntadr[b]] != FREE:
+            continue
+        adr = int(mjm.jnt_dofadr[mjm.body_jntadr[b]])
+        if mjm.tree_dofnum[mjm.dof_treeid[adr]] == 6 and mjm.body_subtreemass[b] == mjm.body_mass[b]:
+            out.append(adr)
+    return tuple(out)

@@ -1,0 +1,386 @@
+"""Model, Option and Data: MuJoCo's field names, PyTorch tensors.
+
+Model splits in two:
+
+* **structure**: sizes and MuJoCo's integer arrays (``jnt_type``,
+  ``body_parentid``, ...) as Python ints and tuples, plus the index plans
+  derived from them once in ``put_model`` (``m.tree``). Compared by value,
+  so two loads of one XML give equal structure and one compiled graph.
+* **parameters**: every float field as a tensor (``body_mass``,
+  ``dof_damping``, ``opt.timestep``, ...). Any of them may require grad, be
+  replaced with ``m.replace(...)`` or be batched under ``torch.vmap``.
+
+Data is a tensorclass with MuJoCo's field names; matrices MuJoCo stores
+flattened or sparse are dense here (``xmat`` [nbody, 3, 3], ``qM`` [nv, nv],
+``ten_J`` [ntendon, nv], ``actuator_moment`` [nu, nv]).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+from tensordict import tensorclass
+from torch import Tensor
+
+from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
+from diffmj.plan import ActuatorPlan, TendonPlan
+from diffmj.tree import TreePlan
+
+
+class JointType(enum.IntEnum):
+    FREE = 0
+    BALL = 1
+    SLIDE = 2
+    HINGE = 3
+
+
+class GeomType(enum.IntEnum):
+    PLANE = 0
+    HFIELD = 1
+    SPHERE = 2
+    CAPSULE = 3
+    ELLIPSOID = 4
+    CYLINDER = 5
+    BOX = 6
+    MESH = 7
+    SDF = 8
+
+
+class IntegratorType(enum.IntEnum):
+    EULER = 0
+    RK4 = 1
+    IMPLICIT = 2
+    IMPLICITFAST = 3
+    DISCRETE = 4
+
+
+class SolverType(enum.IntEnum):
+    PGS = 0
+    CG = 1
+    NEWTON = 2
+
+
+class ConeType(enum.IntEnum):
+    PYRAMIDAL = 0
+    ELLIPTIC = 1
+
+
+class TrnType(enum.IntEnum):
+    JOINT = 0
+    JOINTINPARENT = 1
+    SLIDERCRANK = 2
+    TENDON = 3
+    SITE = 4
+    BODY = 5
+    SO3 = 6
+
+
+class DynType(enum.IntEnum):
+    NONE = 0
+    INTEGRATOR = 1
+    FILTER = 2
+    FILTEREXACT = 3
+    MUSCLE = 4
+    DCMOTOR = 5
+    PID = 6
+    USER = 7
+
+
+class GainType(enum.IntEnum):
+    FIXED = 0
+    AFFINE = 1
+    MUSCLE = 2
+    DCMOTOR = 3
+    SO3 = 4
+    PID = 5
+    USER = 6
+
+
+class BiasType(enum.IntEnum):
+    NONE = 0
+    AFFINE = 1
+    MUSCLE = 2
+    DCMOTOR = 3
+    SO3 = 4
+    USER = 5
+
+
+class DisableBit(enum.IntFlag):
+    CONSTRAINT = 1 << 0
+    EQUALITY = 1 << 1
+    FRICTIONLOSS = 1 << 2
+    LIMIT = 1 << 3
+    CONTACT = 1 << 4
+    SPRING = 1 << 5
+    DAMPER = 1 << 6
+    GRAVITY = 1 << 7
+    CLAMPCTRL = 1 << 8
+    WARMSTART = 1 << 9
+    FILTERPARENT = 1 << 10
+    ACTUATION = 1 << 11
+    REFSAFE = 1 << 12
+    SENSOR = 1 << 13
+    MIDPHASE = 1 << 14
+    EULERDAMP = 1 << 15
+    AUTORESET = 1 << 16
+    NATIVECCD = 1 << 17
+    ISLAND = 1 << 18
+    MULTICCD = 1 << 19
+
+
+class EnableBit(enum.IntFlag):
+    OVERRIDE = 1 << 0
+    ENERGY = 1 << 1
+    FWDINV = 1 << 2
+    INVDISCRETE = 1 << 3
+    SLEEP = 1 << 4
+    DIAGEXACT = 1 << 5
+    IPC = 1 << 6
+    SPECULATIVE = 1 << 7
+
+
+@pytree_dataclass
+class Option(PyTreeNode):
+    """Physics options (mjOption). Tensors are parameters; the rest is structure."""
+
+    timestep: Tensor  # []
+    gravity: Tensor  # [3]
+    impratio: Tensor  # []
+    tolerance: Tensor  # []
+    ls_tolerance: Tensor  # []
+    o_margin: Tensor  # []
+    o_solref: Tensor  # [2]
+    o_solimp: Tensor  # [5]
+    o_friction: Tensor  # [5]
+    integrator: IntegratorType = static_field()
+    cone: ConeType = static_field()
+    solver: SolverType = static_field()
+    iterations: int = static_field()
+    ls_iterations: int = static_field()
+    disableflags: int = static_field()
+    enableflags: int = static_field()
+    disableactuator: int = static_field()
+
+    def disabled(self, flag: DisableBit) -> bool:
+        return bool(self.disableflags & flag)
+
+    def enabled(self, flag: EnableBit) -> bool:
+        return bool(self.enableflags & flag)
+
+
+@pytree_dataclass
+class Model(PyTreeNode):
+    """A MuJoCo model on a torch device. Build it with ``diffmj.put_model`` or ``diffmj.load``.
+
+    Shapes are MuJoCo's (``body_pos`` [nbody, 3], ``actuator_gainprm``
+    [nu, 10], ...). Integer arrays are tuples (structure); float arrays are
+    tensors (parameters).
+    """
+
+    # ---- sizes
+    nq: int = static_field()
+    nv: int = static_field()
+    nu: int = static_field()
+    na: int = static_field()
+    nbody: int = static_field()
+    njnt: int = static_field()
+    ngeom: int = static_field()
+    nsite: int = static_field()
+    nmocap: int = static_field()
+    ntendon: int = static_field()
+    nwrap: int = static_field()
+
+    # ---- options and derived index plans
+    opt: Option
+    tree: TreePlan
+    tendon_plan: TendonPlan
+    actuator_plan: ActuatorPlan
+
+    # ---- bodies
+    body_parentid: tuple[int, ...] = static_field()
+    body_rootid: tuple[int, ...] = static_field()
+    body_weldid: tuple[int, ...] = static_field()
+    body_mocapid: tuple[int, ...] = static_field()
+    body_jntnum: tuple[int, ...] = static_field()
+    body_jntadr: tuple[int, ...] = static_field()
+    body_dofnum: tuple[int, ...] = static_field()
+    body_dofadr: tuple[int, ...] = static_field()
+    body_geomnum: tuple[int, ...] = static_field()
+    body_geomadr: tuple[int, ...] = static_field()
+    body_pos: Tensor  # [nbody, 3]
+    body_quat: Tensor  # [nbody, 4]
+    body_ipos: Tensor  # [nbody, 3]
+    body_iquat: Tensor  # [nbody, 4]
+    body_mass: Tensor  # [nbody]
+    body_inertia: Tensor  # [nbody, 3]
+    body_gravcomp: Tensor  # [nbody]
+    body_invweight0: Tensor  # [nbody, 2]
+
+    # ---- joints and dofs
+    jnt_type: tuple[int, ...] = static_field()
+    jnt_qposadr: tuple[int, ...] = static_field()
+    jnt_dofadr: tuple[int, ...] = static_field()
+    jnt_bodyid: tuple[int, ...] = static_field()
+    jnt_limited: tuple[int, ...] = static_field()
+    jnt_actfrclimited: tuple[int, ...] = static_field()
+    jnt_actgravcomp: tuple[int, ...] = static_field()
+    qpos0: Tensor  # [nq]
+    qpos_spring: Tensor  # [nq]
+    jnt_pos: Tensor  # [njnt, 3]
+    jnt_axis: Tensor  # [njnt, 3]
+    jnt_stiffness: Tensor  # [njnt]
+    jnt_range: Tensor  # [njnt, 2]
+    jnt_actfrcrange: Tensor  # [njnt, 2]
+    jnt_margin: Tensor  # [njnt]
+    jnt_solref: Tensor  # [njnt, 2]
+    jnt_solimp: Tensor  # [njnt, 5]
+    dof_bodyid: tuple[int, ...] = static_field()
+    dof_jntid: tuple[int, ...] = static_field()
+    dof_parentid: tuple[int, ...] = static_field()
+    dof_armature: Tensor  # [nv]
+    dof_damping: Tensor  # [nv]
+    dof_frictionloss: Tensor  # [nv]
+    dof_solref: Tensor  # [nv, 2]
+    dof_solimp: Tensor  # [nv, 5]
+    dof_invweight0: Tensor  # [nv]
+
+    # ---- geoms and sites
+    geom_type: tuple[int, ...] = static_field()
+    geom_bodyid: tuple[int, ...] = static_field()
+    geom_contype: tuple[int, ...] = static_field()
+    geom_conaffinity: tuple[int, ...] = static_field()
+    geom_condim: tuple[int, ...] = static_field()
+    geom_priority: tuple[int, ...] = static_field()
+    geom_pos: Tensor  # [ngeom, 3]
+    geom_quat: Tensor  # [ngeom, 4]
+    geom_size: Tensor  # [ngeom, 3]
+    geom_friction: Tensor  # [ngeom, 3]
+    geom_solref: Tensor  # [ngeom, 2]
+    geom_solimp: Tensor  # [ngeom, 5]
+    geom_solmix: Tensor  # [ngeom]
+    geom_margin: Tensor  # [ngeom]
+    geom_gap: Tensor  # [ngeom]
+    geom_rbound: Tensor  # [ngeom]
+    site_bodyid: tuple[int, ...] = static_field()
+    site_pos: Tensor  # [nsite, 3]
+    site_quat: Tensor  # [nsite, 4]
+
+    # ---- tendons (fixed)
+    tendon_adr: tuple[int, ...] = static_field()
+    tendon_num: tuple[int, ...] = static_field()
+    tendon_limited: tuple[int, ...] = static_field()
+    tendon_actfrclimited: tuple[int, ...] = static_field()
+    wrap_type: tuple[int, ...] = static_field()
+    wrap_objid: tuple[int, ...] = static_field()
+    wrap_prm: Tensor  # [nwrap] fixed-tendon coefficients
+    tendon_stiffness: Tensor  # [ntendon]
+    tendon_damping: Tensor  # [ntendon]
+    tendon_armature: Tensor  # [ntendon]
+    tendon_frictionloss: Tensor  # [ntendon]
+    tendon_lengthspring: Tensor  # [ntendon, 2]
+    tendon_range: Tensor  # [ntendon, 2]
+    tendon_margin: Tensor  # [ntendon]
+    tendon_solref_lim: Tensor  # [ntendon, 2]
+    tendon_solimp_lim: Tensor  # [ntendon, 5]
+    tendon_solref_fri: Tensor  # [ntendon, 2]
+    tendon_solimp_fri: Tensor  # [ntendon, 5]
+    tendon_invweight0: Tensor  # [ntendon]
+    tendon_actfrcrange: Tensor  # [ntendon, 2]
+
+    # ---- actuators
+    actuator_trntype: tuple[int, ...] = static_field()
+    actuator_dyntype: tuple[int, ...] = static_field()
+    actuator_gaintype: tuple[int, ...] = static_field()
+    actuator_biastype: tuple[int, ...] = static_field()
+    actuator_trnid: tuple[tuple[int, int], ...] = static_field()
+    actuator_actadr: tuple[int, ...] = static_field()
+    actuator_actnum: tuple[int, ...] = static_field()
+    actuator_group: tuple[int, ...] = static_field()
+    actuator_ctrllimited: tuple[int, ...] = static_field()
+    actuator_forcelimited: tuple[int, ...] = static_field()
+    actuator_actlimited: tuple[int, ...] = static_field()
+    actuator_actearly: tuple[int, ...] = static_field()
+    actuator_gear: Tensor  # [nu, 6]
+    actuator_gainprm: Tensor  # [nu, 10]
+    actuator_biasprm: Tensor  # [nu, 10]
+    actuator_dynprm: Tensor  # [nu, 10]
+    actuator_ctrlrange: Tensor  # [nu, 2]
+    actuator_forcerange: Tensor  # [nu, 2]
+    actuator_actrange: Tensor  # [nu, 2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.body_mass.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.body_mass.device
+
+    @property
+    def structure(self) -> tuple:
+        """Hashable structure of the model; equal for two loads of the same XML."""
+        return self.static()
+
+
+@tensorclass
+class Data:
+    """Simulation state, inputs and every computed quantity (mjData), batchable.
+
+    Unbatched shapes are listed; a batch of B states has a leading [B] on
+    every field (``d.batch_size``), ``d[i]`` selects one, ``torch.stack``
+    joins several.
+    """
+
+    # ---- state and inputs
+    time: Tensor  # []
+    qpos: Tensor  # [nq]
+    qvel: Tensor  # [nv]
+    act: Tensor  # [na]
+    qacc_warmstart: Tensor  # [nv]
+    ctrl: Tensor  # [nu]
+    qfrc_applied: Tensor  # [nv]
+    xfrc_applied: Tensor  # [nbody, 6]
+    mocap_pos: Tensor  # [nmocap, 3]
+    mocap_quat: Tensor  # [nmocap, 4]
+    # ---- dynamics outputs
+    qacc: Tensor  # [nv]
+    act_dot: Tensor  # [na]
+    # ---- position dependent
+    xpos: Tensor  # [nbody, 3]
+    xquat: Tensor  # [nbody, 4]
+    xmat: Tensor  # [nbody, 3, 3]
+    xipos: Tensor  # [nbody, 3]
+    ximat: Tensor  # [nbody, 3, 3]
+    xanchor: Tensor  # [njnt, 3]
+    xaxis: Tensor  # [njnt, 3]
+    geom_xpos: Tensor  # [ngeom, 3]
+    geom_xmat: Tensor  # [ngeom, 3, 3]
+    site_xpos: Tensor  # [nsite, 3]
+    site_xmat: Tensor  # [nsite, 3, 3]
+    subtree_com: Tensor  # [nbody, 3]
+    cdof: Tensor  # [nv, 6]
+    cinert: Tensor  # [nbody, 10]
+    crb: Tensor  # [nbody, 10]
+    ten_length: Tensor  # [ntendon]
+    ten_J: Tensor  # [ntendon, nv]
+    actuator_length: Tensor  # [nu]
+    actuator_moment: Tensor  # [nu, nv]
+    qM: Tensor  # [nv, nv] dense, symmetric
+    qLD: Tensor  # [nv, nv] lower Cholesky factor L of qM = L L' (dense, not MuJoCo's layout)
+    # ---- velocity dependent
+    ten_velocity: Tensor  # [ntendon]
+    actuator_velocity: Tensor  # [nu]
+    cvel: Tensor  # [nbody, 6]
+    cdof_dot: Tensor  # [nv, 6]
+    qfrc_bias: Tensor  # [nv]
+    qfrc_spring: Tensor  # [nv]
+    qfrc_damper: Tensor  # [nv]
+    qfrc_gravcomp: Tensor  # [nv]
+    qfrc_passive: Tensor  # [nv]
+    # ---- acceleration dependent
+    actuator_force: Tensor  # [nu]
+    qfrc_actuator: Tensor  # [nv]
+    qfrc_smooth: Tensor  # [nv]
+    qacc_smooth: Tensor  # [nv]
+    qfrc_constraint: Tensor  # [nv]
