@@ -51,6 +51,24 @@ def actuator_input(m: Model, d: Data, ctrl: Tensor, act_dot: Tensor) -> Tensor:
     return torch.where(plan.has_act > 0, act[plan.act_index], ctrl)
 
 
+def _gain_bias_force(m: Model, d: Data, ctrl: Tensor, act_dot: Tensor) -> Tensor:
+    """gain * input + bias for every actuator, before force limits. [nu]"""
+    plan = m.actuator_plan
+    length, velocity = d.actuator_length, d.actuator_velocity
+    gain, bias = m.actuator_gainprm, m.actuator_biasprm
+    gain = gain[:, 0] + plan.gain_affine * (gain[:, 1] * length + gain[:, 2] * velocity)
+    bias = plan.bias_affine * (bias[:, 0] + bias[:, 1] * length + bias[:, 2] * velocity)
+    return (gain * actuator_input(m, d, ctrl, act_dot) + bias) * plan.enabled
+
+
+def _tendon_totals(m: Model, force: Tensor) -> Tensor:
+    """Total force of the actuators on each force-limited tendon, per such actuator. [k]"""
+    plan = m.actuator_plan
+    acts, tendons = plan.tendon_frclimited_act, plan.tendon_frclimited_id
+    total = torch.zeros(m.ntendon, dtype=force.dtype, device=force.device).index_add(0, tendons, force[acts])
+    return total[tendons]
+
+
 def actuation(m: Model, d: Data) -> Data:
     """act_dot, actuator_force and qfrc_actuator from ctrl, act and the transmissions."""
     zero_act = torch.zeros_like(d.act)
@@ -67,17 +85,12 @@ def actuation(m: Model, d: Data) -> Data:
         tau = torch.clamp(m.actuator_dynprm[plan.act_actuator, 0], min=math.MINVAL)
         act_dot = plan.act_integrator * u + plan.act_filter * (u - d.act) / tau
 
-    length, velocity = d.actuator_length, d.actuator_velocity
-    gain, bias = m.actuator_gainprm, m.actuator_biasprm
-    gain = gain[:, 0] + plan.gain_affine * (gain[:, 1] * length + gain[:, 2] * velocity)
-    bias = plan.bias_affine * (bias[:, 0] + bias[:, 1] * length + bias[:, 2] * velocity)
-    force = (gain * actuator_input(m, d, ctrl, act_dot) + bias) * plan.enabled
+    force = _gain_bias_force(m, d, ctrl, act_dot)
 
     if plan.tendon_frclimited_act.shape[0]:
         acts, tendons = plan.tendon_frclimited_act, plan.tendon_frclimited_id
-        total = torch.zeros(m.ntendon, dtype=force.dtype, device=force.device).index_add(0, tendons, force[acts])
         lo, hi = m.tendon_actfrcrange[tendons, 0], m.tendon_actfrcrange[tendons, 1]
-        t = total[tendons]
+        t = _tendon_totals(m, force)
         t_safe = torch.where(t == 0, 1.0, t)
         scale = torch.where(t < lo, lo / t_safe, torch.where(t > hi, hi / t_safe, 1.0))
         force = force.index_copy(0, acts, force[acts] * scale)
@@ -101,8 +114,9 @@ def actuation(m: Model, d: Data) -> Data:
 def actuator_force_vel(m: Model, d: Data) -> Tensor:
     """d actuator_force / d actuator_velocity, as MuJoCo's implicit integrators use it. [nu]
 
-    Zero for actuators saturated at their force range; the gain term uses the
-    raw ``d.ctrl`` for stateless actuators, as mjd_actuator_vel does.
+    Zero for actuators saturated at their force range, at their joint's or
+    tendon's actuatorfrcrange (MuJoCo 4); the gain term uses the raw ``d.ctrl``
+    for stateless actuators, as mjd_actuator_vel does.
     """
     plan = m.actuator_plan
     gain_vel = plan.gain_affine * m.actuator_gainprm[:, 2]
@@ -115,7 +129,21 @@ def actuator_force_vel(m: Model, d: Data) -> Tensor:
     else:
         u = d.ctrl
     deriv = (bias_vel + gain_vel * u) * plan.enabled
-    force = d.actuator_force
-    lo, hi = m.actuator_forcerange[:, 0], m.actuator_forcerange[:, 1]
-    saturated = plan.forcelimited & ((force <= lo) | (force >= hi))
+
+    def at_bound(x: Tensor, bounds: Tensor) -> Tensor:
+        return (x <= bounds[..., 0]) | (x >= bounds[..., 1])
+
+    saturated = plan.forcelimited & at_bound(d.actuator_force, m.actuator_forcerange)
+    if plan.jnt_frclimited_act.shape[0]:
+        jnt = plan.jnt_frclimited_act_jnt
+        dof = m.tree.jnt_dofadr[jnt]
+        hit = at_bound(d.qfrc_actuator[dof], m.jnt_actfrcrange[jnt])
+        saturated = saturated.index_copy(0, plan.jnt_frclimited_act, saturated[plan.jnt_frclimited_act] | hit)
+    if plan.tendon_frclimited_act.shape[0]:
+        # saturated where the tendon's total force was rescaled to its range
+        acts, tendons = plan.tendon_frclimited_act, plan.tendon_frclimited_id
+        total = _tendon_totals(m, _gain_bias_force(m, d, clamp_ctrl(m, d.ctrl), d.act_dot))
+        bounds = m.tendon_actfrcrange[tendons]
+        hit = (total < bounds[:, 0]) | (total > bounds[:, 1])
+        saturated = saturated.index_copy(0, acts, saturated[acts] | hit)
     return torch.where(saturated, 0.0, deriv)

@@ -166,7 +166,9 @@ def _rk4(m: Model, d: Data) -> Data:
     dqacc = sum(b * v for b, v in zip(_RK4_B, acc))
     dact = sum(b * v for b, v in zip(_RK4_B, actd))
     d = d.replace(qpos=qpos0, qvel=qvel0, act=act0, time=time0)
-    return _advance(m, d, dact, dqacc, dpos)
+    # like MuJoCo 4, the step reports the Runge-Kutta average as qacc (the last
+    # stage's qacc is kept as qacc_warmstart; other fields are the last stage's)
+    return _advance(m, d, dact, dqacc, dpos).replace(qacc=dqacc)
 
 
 def qfrc_smooth_vel(m: Model, d: Data) -> Tensor:

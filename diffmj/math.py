@@ -134,6 +134,21 @@ def quat_integrate(q: Tensor, vel: Tensor, scale: Tensor | float) -> Tensor:
     return quat_mul(quat_normalize(q), qrot)
 
 
+def dot(a: Tensor, b: Tensor) -> Tensor:
+    """3D dot product a0*b0 + a1*b1 + a2*b2, summed in mju_dot3's order. [...]"""
+    return a[..., 0] * b[..., 0] + a[..., 1] * b[..., 1] + a[..., 2] * b[..., 2]
+
+
+def mat_vec(mat: Tensor, v: Tensor) -> Tensor:
+    """mat @ v for 3x3 mat [..., 3, 3] and v [..., 3], summed as mju_mulMatVec3."""
+    return dot(mat, v[..., None, :])
+
+
+def mat_t_vec(mat: Tensor, v: Tensor) -> Tensor:
+    """mat^T @ v for 3x3 mat [..., 3, 3] and v [..., 3], summed as mju_mulMatTVec3."""
+    return dot(mat.transpose(-1, -2), v[..., None, :])
+
+
 def cross(a: Tensor, b: Tensor) -> Tensor:
     """3D cross product written out (torch.linalg.cross broadcasts less freely)."""
     a0, a1, a2 = a.unbind(-1)

@@ -75,6 +75,8 @@ class ActuatorPlan(PyTreeNode):
     tendon_frclimited_id: Tensor  # their tendon
     jnt_frclimited_dofadr: Tensor  # first dof of each joint with actuatorfrcrange
     jnt_frclimited_jnt: Tensor
+    jnt_frclimited_act: Tensor  # joint-transmission actuators on such joints
+    jnt_frclimited_act_jnt: Tensor  # their joint
     actgravcomp_dof: Tensor  # dofs whose gravity compensation goes through actuators
     any_act: bool = static_field()
     any_actearly: bool = static_field()
@@ -122,6 +124,7 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
 
     limited_tendon_acts = [i for i in tendon if mjm.tendon_actfrclimited[trnid[i]]]
     limited_jnts = [j for j in range(mjm.njnt) if mjm.jnt_actfrclimited[j]]
+    limited_jnt_acts = [i for i in scalar + ball + free if mjm.jnt_actfrclimited[trnid[i]]]
     dofnum = {0: 6, 1: 3, 2: 1, 3: 1}
     gravcomp_dofs = [
         mjm.jnt_dofadr[j] + k
@@ -168,6 +171,8 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
         tendon_frclimited_id=_long(trnid[limited_tendon_acts], device),
         jnt_frclimited_dofadr=_long(mjm.jnt_dofadr[limited_jnts], device),
         jnt_frclimited_jnt=_long(limited_jnts, device),
+        jnt_frclimited_act=_long(limited_jnt_acts, device),
+        jnt_frclimited_act_jnt=_long(trnid[limited_jnt_acts], device),
         actgravcomp_dof=_long(gravcomp_dofs, device),
         any_act=bool(mjm.na > 0),
         any_actearly=bool(np.any(mjm.actuator_actearly[has_act])) if nu else False,

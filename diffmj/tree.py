@@ -51,6 +51,7 @@ class TreePlan(PyTreeNode):
     body_order: Tensor  # [nbody] position of body i in the level-concatenated order
     jnt_order: Tensor  # [njnt] position of joint i in the group-concatenated order
     body_rootid: Tensor  # [nbody]
+    jnt_dofadr: Tensor  # [njnt]
     geom_bodyid: Tensor  # [ngeom]
     site_bodyid: Tensor  # [nsite]
     body_subtree: Tensor  # [nbody, nbody] 1 where column body is in the subtree of row body
@@ -216,6 +217,7 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         body_order=_long(body_order, device),
         jnt_order=_long(jnt_order, device),
         body_rootid=_long(mjm.body_rootid, device),
+        jnt_dofadr=_long(mjm.jnt_dofadr, device),
         geom_bodyid=_long(mjm.geom_bodyid, device),
         site_bodyid=_long(mjm.site_bodyid, device),
         body_subtree=floats(body_subtree),

@@ -1,0 +1,103 @@
+"""put_model / load / make_data / put_data: structure, parameters, refusals, input checks."""
+
+from __future__ import annotations
+
+import mujoco
+import pytest
+import torch
+
+import diffmj
+from tests.conftest import MODELS, mj_model, random_state
+
+
+def test_two_loads_have_equal_hashable_structure():
+    a = diffmj.load(MODELS / "chain.xml")
+    b = diffmj.load((MODELS / "chain.xml").read_text())
+    assert a.structure == b.structure
+    assert hash(a.structure) == hash(b.structure)
+    assert a.structure != diffmj.load(MODELS / "actuators.xml").structure
+
+
+def test_parameters_are_tensors_that_can_require_grad():
+    m = diffmj.load(MODELS / "chain.xml")
+    assert isinstance(m.body_mass, torch.Tensor) and m.body_mass.dtype == torch.float64
+    assert isinstance(m.opt.timestep, torch.Tensor) and m.opt.gravity.shape == (3,)
+    mass = m.body_mass.clone().requires_grad_(True)
+    heavier = m.replace(body_mass=mass * 2)
+    assert heavier.body_mass.requires_grad and not m.body_mass.requires_grad
+    d = diffmj.forward(heavier, diffmj.make_data(heavier))
+    d.qacc.sum().backward()
+    assert mass.grad is not None and torch.isfinite(mass.grad).all()
+
+
+def test_to_casts_floats_and_keeps_indices():
+    m = diffmj.load(MODELS / "actuators.xml")
+    m32 = m.to(dtype=torch.float32)
+    assert m32.dtype == torch.float32 and m32.opt.timestep.dtype == torch.float32
+    assert m32.tree.dof_bodyid.dtype == torch.long
+    assert m32.structure == m.structure
+    out = diffmj.step(m32, diffmj.make_data(m32))
+    assert out.qpos.dtype == torch.float32
+
+
+def test_model_is_a_pytree():
+    m = diffmj.load(MODELS / "chain.xml")
+    leaves, spec = torch.utils._pytree.tree_flatten(m)
+    assert all(isinstance(x, torch.Tensor) for x in leaves)
+    rebuilt = torch.utils._pytree.tree_unflatten(leaves, spec)
+    assert rebuilt.structure == m.structure and rebuilt.body_mass is m.body_mass
+
+
+REFUSED = {
+    "joint limits": '<body><joint name="j" range="-1 1"/><geom size=".1" contype="0" conaffinity="0"/></body>',
+    "collisions": '<body><freejoint/><geom name="ball" size=".1"/></body>',
+    "sensors": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
+    "frictionloss": '<body><joint name="j" frictionloss="1"/><geom size=".1" contype="0" conaffinity="0"/></body>',
+    "muscle": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
+    "fluid": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
+}
+EXTRA = {
+    "sensors": '<sensor><jointpos joint="j"/></sensor>',
+    "muscle": '<actuator><muscle joint="j" lengthrange="-1 1"/></actuator>',
+}
+OPTION = {"fluid": '<option density="1.2"/>'}
+MESSAGE = {
+    "joint limits": "joint 'j': joint limits",
+    "collisions": "geom 'ball': collisions",
+    "sensors": "sensors",
+    "frictionloss": "joint 'j': frictionloss",
+    "muscle": "actuator #0: dynamics 'muscle'",
+    "fluid": "fluid forces",
+}
+
+
+@pytest.mark.parametrize("feature", REFUSED)
+def test_unsupported_features_are_refused_by_name(feature):
+    xml = (
+        f"<mujoco>{OPTION.get(feature, '')}<worldbody>{REFUSED[feature]}</worldbody>"
+        f"{EXTRA.get(feature, '')}</mujoco>"
+    )
+    with pytest.raises(NotImplementedError, match=MESSAGE[feature]):
+        diffmj.put_model(mujoco.MjModel.from_xml_string(xml))
+
+
+def test_bad_inputs_raise_value_error():
+    m = diffmj.load(MODELS / "actuators.xml")
+    d = diffmj.make_data(m)
+    with pytest.raises(ValueError, match="ctrl has length"):
+        diffmj.step(m, d.replace(ctrl=torch.zeros(m.nu + 1, dtype=torch.float64)))
+    with pytest.raises(ValueError, match="qpos has length"):
+        diffmj.forward(m, d.replace(qpos=torch.zeros(m.nq - 1, dtype=torch.float64)))
+    with pytest.raises(ValueError, match="float32 but the model is torch.float64"):
+        diffmj.step(m, d.to(torch.float32))
+    with pytest.raises(ValueError, match="expected diffmj.Data"):
+        diffmj.step(m, {"qpos": d.qpos})
+    with pytest.raises(ValueError, match="floating-point"):
+        diffmj.put_model(mj_model("chain"), dtype=torch.int64)
+    with pytest.raises(TypeError, match="mujoco.MjModel"):
+        diffmj.put_model("chain.xml")
+    mjd = random_state(mj_model("chain"), 0)
+    with pytest.raises(ValueError, match="does not match"):
+        diffmj.put_data(m, mjd)
+    with pytest.raises(ValueError, match="unbatched"):
+        diffmj.get_data_into(mujoco.MjData(mj_model("actuators")), mj_model("actuators"), diffmj.make_data(m, 2))

@@ -1,0 +1,100 @@
+"""Transforms from day one: vmap, torch.compile(fullgraph=True), no recompiles, gradcheck."""
+
+from __future__ import annotations
+
+import mujoco
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+
+import diffmj
+from tests.conftest import MODELS, assert_close, mj_model, random_state
+
+
+def _batch(m: diffmj.Model, mjm: mujoco.MjModel, n: int) -> diffmj.Data:
+    return torch.stack([diffmj.put_data(m, random_state(mjm, s)) for s in range(n)]).to(m.dtype)
+
+
+def test_vmap_step_equals_each_element():
+    mjm = mj_model("actuators")
+    m = diffmj.put_model(mjm)
+    batch = _batch(m, mjm, 4)
+    out = torch.vmap(diffmj.step, in_dims=(None, 0))(m, batch)
+    for i in range(4):
+        single = diffmj.step(m, batch[i])
+        for name in ("qpos", "qvel", "act", "qacc", "xpos", "qM"):
+            assert_close(name, getattr(out[i], name), getattr(single, name), 1e-13)
+
+
+def test_vmap_over_model_parameters():
+    mjm = mj_model("pendulum")
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, random_state(mjm, 0))
+    masses = m.body_mass * torch.linspace(0.5, 2.0, 3, dtype=m.dtype)[:, None]
+
+    def step_with_mass(mass):
+        return diffmj.step(m.replace(body_mass=mass), d).qvel
+
+    out = torch.vmap(step_with_mass)(masses)
+    for i in range(3):
+        assert_close("qvel", out[i], step_with_mass(masses[i]), 1e-13)
+
+
+@pytest.fixture(scope="module")
+def compiled_step():
+    """One inductor compile of step per dtype, shared by the tests below."""
+    torch._dynamo.reset()
+    return {dtype: torch.compile(diffmj.step, fullgraph=True) for dtype in (torch.float64, torch.float32)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_step_equals_eager(compiled_step, dtype):
+    mjm = mj_model("pendulum")
+    m = diffmj.put_model(mjm, dtype=dtype)
+    d = diffmj.put_data(m, random_state(mjm, 1))
+    eager = diffmj.step(m, d)
+    compiled = compiled_step[dtype](m, d)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for name in ("qpos", "qvel", "qacc", "xpos", "cvel", "qfrc_bias", "actuator_force"):
+        assert_close(name, getattr(compiled, name), getattr(eager, name), tol)
+    assert set(compiled.keys()) == set(eager.keys())
+
+
+def test_same_xml_twice_does_not_recompile():
+    counter = CompileCounter()
+    step = torch.compile(diffmj.step, backend=counter, fullgraph=True)
+    for _ in range(2):
+        m = diffmj.load(MODELS / "actuators.xml")
+        step(m, diffmj.make_data(m))
+    assert counter.frame_count == 1
+    m = diffmj.load(MODELS / "chain.xml")  # a different structure compiles anew
+    step(m, diffmj.make_data(m))
+    assert counter.frame_count == 2
+
+
+def test_compiled_vmap_step_has_no_graph_break():
+    counter = CompileCounter()
+    mjm = mj_model("actuators")
+    m = diffmj.put_model(mjm)
+    batch = _batch(m, mjm, 3)
+    step = torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), backend=counter, fullgraph=True)
+    out = step(m, batch)
+    assert counter.frame_count == 1
+    assert_close("qvel", out.qvel, diffmj.step(m, batch).qvel, 1e-13)
+
+
+def test_gradcheck_step():
+    mjm = mj_model("actuators")
+    m = diffmj.put_model(mjm)
+    mjd = random_state(mjm, 2)
+    mjd.ctrl[:] *= 0.3  # stay inside control and force ranges: step is smooth there
+    d = diffmj.put_data(m, mjd)
+
+    def step(qpos, qvel, ctrl, body_mass, dof_damping, actuator_gainprm):
+        mm = m.replace(body_mass=body_mass, dof_damping=dof_damping, actuator_gainprm=actuator_gainprm)
+        out = diffmj.step(mm, d.replace(qpos=qpos, qvel=qvel, ctrl=ctrl))
+        return out.qpos, out.qvel, out.act
+
+    inputs = (d.qpos, d.qvel, d.ctrl, m.body_mass, m.dof_damping, m.actuator_gainprm)
+    inputs = tuple(x.detach().clone().requires_grad_(True) for x in inputs)
+    assert torch.autograd.gradcheck(step, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
