@@ -13,6 +13,8 @@ from torch import Tensor
 
 from diffmj import math
 from diffmj.actuation import actuation, actuator_force_vel, next_activation
+from diffmj.collision.driver import collision
+from diffmj.constraint import make_constraint, reference_constraint
 from diffmj.passive import passive
 from diffmj.smooth import (
     apply_ft,
@@ -26,16 +28,19 @@ from diffmj.smooth import (
     tendon,
     transmission,
 )
+from diffmj.solver import solve
 from diffmj.types import Data, DisableBit, IntegratorType, Model
 
 
 def fwd_position(m: Model, d: Data) -> Data:
-    """Position-dependent quantities: frames, inertia, tendons, transmissions."""
+    """Position-dependent quantities: frames, inertia, contacts, constraint rows, transmissions."""
     d = kinematics(m, d)
     d = com_pos(m, d)
     d = tendon(m, d)
     d = crb(m, d)
     d = factor_m(m, d)
+    d = collision(m, d)
+    d = make_constraint(m, d)
     return transmission(m, d)
 
 
@@ -47,6 +52,7 @@ def fwd_velocity(m: Model, d: Data) -> Data:
     )
     d = com_vel(m, d)
     d = passive(m, d)
+    d = reference_constraint(m, d)
     return d.replace(qfrc_bias=rne(m, d))
 
 
@@ -64,7 +70,9 @@ def fwd_acceleration(m: Model, d: Data) -> Data:
 
 
 def fwd_constraint(m: Model, d: Data) -> Data:
-    """Constrained acceleration; without constraint rows it is qacc_smooth."""
+    """Constrained acceleration from the constraint solver; qacc_smooth without constraint rows."""
+    if m.constraint_plan.nefc:
+        return solve(m, d)
     return d.replace(qacc=d.qacc_smooth, qfrc_constraint=torch.zeros_like(d.qacc_smooth))
 
 

@@ -13,19 +13,21 @@ import mujoco
 import numpy as np
 import torch
 
-from diffmj.plan import build_actuator_plan, build_tendon_plan
+from diffmj.collision.plan import build_collision_plan, unsupported_pair
+from diffmj.plan import build_actuator_plan, build_constraint_plan, build_tendon_plan
 from diffmj.tree import build_tree_plan
 from diffmj.types import (
     BiasType,
+    Contact,
     Data,
     DisableBit,
     DynType,
     EnableBit,
     GainType,
     IntegratorType,
-    JointType,
     Model,
     Option,
+    SolverType,
     TrnType,
 )
 
@@ -36,6 +38,7 @@ _SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILT
 _SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE)
 _SUPPORTED_BIAS = (BiasType.NONE, BiasType.AFFINE)
 _WRAP_JOINT = 1
+_SUPPORTED_EQ = (0, 1, 2, 3)  # connect, weld, joint, tendon
 
 
 def _name(mjm: mujoco.MjModel, obj: mujoco.mjtObj, i: int) -> str:
@@ -65,40 +68,41 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         (mjm.nsensor, "sensors"),
         (mjm.nplastic, "plasticity (springyield)"),
         (mjm.nhistory, "actuator / sensor history buffers"),
-        (mjm.neq, "equality constraints"),
-        (mjm.npair, "explicit contact pairs"),
+        (mjm.flg_surfacevel, "geom surface velocity"),
+        (mjm.flg_adhesion, "adhesion"),
     ):
         if count:
             _refuse(feature)
+    if opt.solver == SolverType.PGS:
+        _refuse("option solver 'PGS' (use Newton or CG)")
+    for flag, name in ((EnableBit.DIAGEXACT, "diagexact"), (EnableBit.SPECULATIVE, "speculative")):
+        if opt.enableflags & flag:
+            _refuse(f"option flag '{name}'")
 
     for j in range(mjm.njnt):
-        if mjm.jnt_limited[j] and not opt.disableflags & DisableBit.LIMIT:
-            _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, j)}: joint limits")
         if np.any(mjm.jnt_stiffnesspoly[j]):
             _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, j)}: polynomial stiffness")
         if mjm.jnt_actuatorid[j] >= 0:
             _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, j)}: actuator damping / armature")
     for i in range(mjm.nv):
-        jname = _name(mjm, obj.mjOBJ_JOINT, mjm.dof_jntid[i])
-        if mjm.dof_frictionloss[i] > 0 and not opt.disableflags & DisableBit.FRICTIONLOSS:
-            _refuse(f"joint {jname}: frictionloss")
         if np.any(mjm.dof_dampingpoly[i]):
-            _refuse(f"joint {jname}: polynomial damping")
+            _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, mjm.dof_jntid[i])}: polynomial damping")
 
-    if not opt.disableflags & DisableBit.CONTACT:
-        for g in range(mjm.ngeom):
-            if mjm.geom_contype[g] or mjm.geom_conaffinity[g]:
-                _refuse(f"geom {_name(mjm, obj.mjOBJ_GEOM, g)}: collisions (set contype=conaffinity=0)")
+    for e in range(mjm.neq):
+        ename = f"equality {_name(mjm, obj.mjOBJ_EQUALITY, e)}"
+        if mjm.eq_type[e] not in _SUPPORTED_EQ:
+            _refuse(f"{ename}: type '{mujoco.mjtEq(mjm.eq_type[e]).name[5:].lower()}'")
+        if mjm.eq_type[e] in (0, 1) and mjm.eq_objtype[e] != obj.mjOBJ_BODY:
+            _refuse(f"{ename}: site semantics")
+    pair = unsupported_pair(mjm)
+    if pair:
+        _refuse(pair)
 
     for t in range(mjm.ntendon):
         tname = _name(mjm, obj.mjOBJ_TENDON, t)
         adr, num = mjm.tendon_adr[t], mjm.tendon_num[t]
         if np.any(mjm.wrap_type[adr : adr + num] != _WRAP_JOINT):
             _refuse(f"tendon {tname}: spatial tendons")
-        if mjm.tendon_limited[t] and not opt.disableflags & DisableBit.LIMIT:
-            _refuse(f"tendon {tname}: tendon limits")
-        if mjm.tendon_frictionloss[t] > 0 and not opt.disableflags & DisableBit.FRICTIONLOSS:
-            _refuse(f"tendon {tname}: frictionloss")
         if np.any(mjm.tendon_stiffnesspoly[t]) or np.any(mjm.tendon_dampingpoly[t]):
             _refuse(f"tendon {tname}: polynomial stiffness / damping")
         if mjm.tendon_actuatorid[t] >= 0:
@@ -174,20 +178,25 @@ def put_model(
         fields[f] = _tuple(getattr(mjm, f)) if not f.startswith("n") or "_" in f else int(getattr(mjm, f))
     fields["actuator_trnid"] = tuple((int(a), int(b)) for a, b in mjm.actuator_trnid)
     for f in Model._data_names:
-        if f not in ("opt", "tree", "tendon_plan", "actuator_plan"):
+        if f in ("stat_meaninertia",):
+            fields[f] = t(mjm.stat.meaninertia)
+        elif f not in ("opt", "tree", "tendon_plan", "actuator_plan", "collision_plan", "constraint_plan"):
             fields[f] = t(getattr(mjm, f))
     # MuJoCo stores these per-element scalars as [n, 1]
     for f in ("body_mass", "body_gravcomp", "jnt_stiffness", "jnt_margin", "geom_solmix",
               "geom_margin", "geom_gap", "geom_rbound", "wrap_prm", "tendon_stiffness",
               "tendon_damping", "tendon_armature", "tendon_frictionloss", "tendon_margin",
               "tendon_invweight0", "dof_armature", "dof_damping", "dof_frictionloss",
-              "dof_invweight0"):
+              "dof_invweight0", "tendon_length0", "pair_margin", "pair_gap"):
         fields[f] = fields[f].reshape(-1)
+    collision_plan = build_collision_plan(mjm, dtype, device)
     return Model(
         opt=opt,
         tree=build_tree_plan(mjm, dtype, device),
         tendon_plan=build_tendon_plan(mjm, device),
         actuator_plan=build_actuator_plan(mjm, dtype, device),
+        collision_plan=collision_plan,
+        constraint_plan=build_constraint_plan(mjm, collision_plan.contact_dim, dtype, device),
         **fields,
     )
 
@@ -202,8 +211,9 @@ def load(path_or_xml: str | os.PathLike, **kwargs) -> Model:
     return put_model(mjm, **kwargs)
 
 
-def _zeros_data(m: Model, batch_shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+def _zeros_data(m: Model, batch_shape: tuple[int, ...]) -> dict:
     nb, nv, nu, na, nq = m.nbody, m.nv, m.nu, m.na, m.nq
+    nefc = m.constraint_plan.nefc
     shapes = {
         "time": (),
         "qpos": (nq,),
@@ -252,8 +262,46 @@ def _zeros_data(m: Model, batch_shape: tuple[int, ...]) -> dict[str, torch.Tenso
         "qfrc_smooth": (nv,),
         "qacc_smooth": (nv,),
         "qfrc_constraint": (nv,),
+        "efc_J": (nefc, nv),
+        "efc_pos": (nefc,),
+        "efc_margin": (nefc,),
+        "efc_frictionloss": (nefc,),
+        "efc_diagA": (nefc,),
+        "efc_D": (nefc,),
+        "efc_R": (nefc,),
+        "efc_KBIP": (nefc, 4),
+        "efc_vel": (nefc,),
+        "efc_aref": (nefc,),
+        "efc_force": (nefc,),
     }
-    return {k: torch.zeros((*batch_shape, *s), dtype=m.dtype, device=m.device) for k, s in shapes.items()}
+    fields = {k: torch.zeros((*batch_shape, *s), dtype=m.dtype, device=m.device) for k, s in shapes.items()}
+    fields["efc_state"] = torch.zeros((*batch_shape, nefc), dtype=torch.long, device=m.device)
+    fields["efc_active"] = torch.zeros((*batch_shape, nefc), dtype=torch.bool, device=m.device)
+    fields["eq_active"] = torch.tensor(m.eq_active0, dtype=torch.bool, device=m.device).expand(
+        *batch_shape, m.neq).clone()
+    fields["contact"] = _empty_contacts(m, batch_shape)
+    return fields
+
+
+def _empty_contacts(m: Model, batch_shape: tuple[int, ...]) -> Contact:
+    """Contact slots with no contact in them (dist = +inf, inactive)."""
+    n = m.collision_plan.ncon
+
+    def zeros(*shape):
+        return torch.zeros((*batch_shape, n, *shape), dtype=m.dtype, device=m.device)
+
+    return Contact(
+        dist=torch.full((*batch_shape, n), torch.inf, dtype=m.dtype, device=m.device),
+        pos=zeros(3),
+        frame=zeros(3, 3),
+        includemargin=zeros(),
+        friction=zeros(5),
+        solref=zeros(2),
+        solreffriction=zeros(2),
+        solimp=zeros(5),
+        active=torch.zeros((*batch_shape, n), dtype=torch.bool, device=m.device),
+        batch_size=batch_shape,
+    )
 
 
 def make_data(m: Model, batch_shape: tuple[int, ...] | int = ()) -> Data:
@@ -283,9 +331,9 @@ def put_data(m: Model, mjd: mujoco.MjData) -> Data:
     if mjd.qpos.shape[0] != m.nq or mjd.qvel.shape[0] != m.nv or mjd.ctrl.shape[0] != m.nu:
         raise ValueError("mujoco.MjData does not match the model's sizes (nq, nv, nu)")
     mjm = mjd.model
-    fields = {}
-    for name, zero in _zeros_data(m, ()).items():
-        if name in ("qM", "qLD", "ten_J", "actuator_moment"):
+    fields = _zeros_data(m, ())
+    for name, zero in list(fields.items()):
+        if name in ("qM", "qLD", "ten_J", "actuator_moment", "contact", "eq_active") or name.startswith("efc_"):
             continue
         value = np.asarray(getattr(mjd, name), dtype=np.float64)
         fields[name] = torch.as_tensor(value.reshape(zero.shape).copy(), device=m.device).to(m.dtype)
@@ -299,6 +347,7 @@ def put_data(m: Model, mjd: mujoco.MjData) -> Data:
     moment = _dense(mjd.actuator_moment, mjd.moment_rownnz, mjd.moment_rowadr, mjd.moment_colind, m.nv)
     fields["ten_J"] = torch.as_tensor(ten_j, device=m.device).to(m.dtype)
     fields["actuator_moment"] = torch.as_tensor(moment, device=m.device).to(m.dtype)
+    fields["eq_active"] = torch.as_tensor(mjd.eq_active.astype(bool), device=m.device)
     return Data(**fields, batch_size=())
 
 

@@ -177,3 +177,147 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
         any_act=bool(mjm.na > 0),
         any_actearly=bool(np.any(mjm.actuator_actearly[has_act])) if nu else False,
     )
+
+
+# ---------------------------------------------------------------- constraint rows
+
+EQ_CONNECT, EQ_WELD, EQ_JOINT, EQ_TENDON = 0, 1, 2, 3
+(CNSTR_EQUALITY, CNSTR_FRICTION_DOF, CNSTR_FRICTION_TENDON, CNSTR_LIMIT_JOINT, CNSTR_LIMIT_TENDON,
+ CNSTR_CONTACT_FRICTIONLESS, CNSTR_CONTACT_PYRAMIDAL, CNSTR_CONTACT_ELLIPTIC) = range(8)
+STATE_SATISFIED, STATE_QUADRATIC, STATE_LINEARNEG, STATE_LINEARPOS, STATE_CONE = range(5)
+
+
+@pytree_dataclass
+class ContactRows(PyTreeNode):
+    """Contact slots of one condim and the first of their constraint rows."""
+
+    slot: Tensor  # [k] contact slots
+    row: Tensor  # [k] first efc row of each slot
+    dim: int = static_field()
+    rows_per_contact: int = static_field()
+
+
+@pytree_dataclass
+class ConstraintPlan(PyTreeNode):
+    """Fixed layout of the constraint rows (efc_*), in blocks of one kind each.
+
+    Row order: connect, weld, joint and tendon equalities, dof and tendon
+    frictionloss, hinge / slide, ball and tendon limits, then contacts grouped
+    by condim. Within a block, rows follow element order. Each row exists every
+    step; ``d.efc_active`` marks the rows MuJoCo would instantiate.
+    """
+
+    connect_eq: Tensor  # [k] equality ids
+    weld_eq: Tensor
+    joint_eq: Tensor
+    tendon_eq: Tensor
+    friction_dof: Tensor  # dofs with frictionloss
+    friction_tendon: Tensor  # tendons with frictionloss
+    limit_scalar_jnt: Tensor  # limited hinge / slide joints (two rows each: lower, upper)
+    limit_ball_jnt: Tensor  # limited ball joints
+    limit_tendon: Tensor  # limited tendons (two rows each)
+    contacts: tuple[ContactRows, ...]
+    eq_obj1: Tensor  # [neq] first object of each equality
+    eq_obj2: Tensor  # [neq] second object (0 when there is none)
+    eq_has_obj2: Tensor  # [neq] 1 when the equality has a second object
+    frictional_rows: Tensor  # [nefc] bool: frictionloss and elliptic tangent rows (no stiffness)
+    efc_type: tuple[int, ...] = static_field()
+    efc_id: tuple[int, ...] = static_field()
+    ne: int = static_field()  # equality rows
+    nf: int = static_field()  # friction rows
+    nl: int = static_field()  # limit rows
+    nefc: int = static_field()
+    elliptic: bool = static_field()
+
+
+def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> ConstraintPlan:
+    """Row layout for the model's equalities, frictionloss, limits and contact slots."""
+    from mujoco import mjtDisableBit as dsbl
+
+    flags = mjm.opt.disableflags
+    if flags & dsbl.mjDSBL_CONSTRAINT:
+        contact_dim = ()
+    eq_on = not flags & (dsbl.mjDSBL_CONSTRAINT | dsbl.mjDSBL_EQUALITY)
+    fri_on = not flags & (dsbl.mjDSBL_CONSTRAINT | dsbl.mjDSBL_FRICTIONLOSS)
+    lim_on = not flags & (dsbl.mjDSBL_CONSTRAINT | dsbl.mjDSBL_LIMIT)
+    elliptic = bool(mjm.opt.cone == 1)
+
+    eq_types = mjm.eq_type if eq_on else np.zeros(0, int)
+    eqs = {t: [i for i in range(len(eq_types)) if eq_types[i] == t] for t in range(4)}
+    friction_dof = [i for i in range(mjm.nv) if fri_on and mjm.dof_frictionloss[i] > 0]
+    friction_tendon = [i for i in range(mjm.ntendon) if fri_on and mjm.tendon_frictionloss[i] > 0]
+    limited = [j for j in range(mjm.njnt) if lim_on and mjm.jnt_limited[j]]
+    limit_scalar = [j for j in limited if mjm.jnt_type[j] in (2, 3)]
+    limit_ball = [j for j in limited if mjm.jnt_type[j] == BALL]
+    limit_tendon = [t for t in range(mjm.ntendon) if lim_on and mjm.tendon_limited[t]]
+
+    efc_type: list[int] = []
+    efc_id: list[int] = []
+
+    def rows(kind: int, ids, per: int) -> None:
+        for i in ids:
+            efc_type.extend([kind] * per)
+            efc_id.extend([i] * per)
+
+    rows(CNSTR_EQUALITY, eqs[EQ_CONNECT], 3)
+    rows(CNSTR_EQUALITY, eqs[EQ_WELD], 6)
+    rows(CNSTR_EQUALITY, eqs[EQ_JOINT], 1)
+    rows(CNSTR_EQUALITY, eqs[EQ_TENDON], 1)
+    ne = len(efc_type)
+    rows(CNSTR_FRICTION_DOF, friction_dof, 1)
+    rows(CNSTR_FRICTION_TENDON, friction_tendon, 1)
+    nf = len(efc_type) - ne
+    rows(CNSTR_LIMIT_JOINT, limit_scalar, 2)
+    rows(CNSTR_LIMIT_JOINT, limit_ball, 1)
+    rows(CNSTR_LIMIT_TENDON, limit_tendon, 2)
+    nl = len(efc_type) - ne - nf
+
+    contacts = []
+    for dim in sorted(set(contact_dim)):
+        slots = [c for c, cd in enumerate(contact_dim) if cd == dim]
+        if dim == 1:
+            kind, per = CNSTR_CONTACT_FRICTIONLESS, 1
+        elif elliptic:
+            kind, per = CNSTR_CONTACT_ELLIPTIC, dim
+        else:
+            kind, per = CNSTR_CONTACT_PYRAMIDAL, 2 * (dim - 1)
+        first = len(efc_type)
+        rows(kind, slots, per)
+        contacts.append(
+            ContactRows(
+                slot=_long(slots, device),
+                row=_long([first + per * k for k in range(len(slots))], device),
+                dim=dim,
+                rows_per_contact=per,
+            )
+        )
+    obj2 = np.asarray(mjm.eq_obj2id, dtype=np.int64).reshape(-1)
+    frictional = [t in (CNSTR_FRICTION_DOF, CNSTR_FRICTION_TENDON) for t in efc_type]
+    for group in contacts:
+        if elliptic and group.dim > 1:
+            for first in group.row.tolist():
+                for j in range(1, group.dim):
+                    frictional[first + j] = True
+    return ConstraintPlan(
+        eq_obj1=_long(mjm.eq_obj1id, device),
+        eq_obj2=_long(np.maximum(obj2, 0), device),
+        eq_has_obj2=_floats(obj2 >= 0, dtype, device),
+        frictional_rows=torch.as_tensor(frictional, dtype=torch.bool, device=device),
+        connect_eq=_long(eqs[EQ_CONNECT], device),
+        weld_eq=_long(eqs[EQ_WELD], device),
+        joint_eq=_long(eqs[EQ_JOINT], device),
+        tendon_eq=_long(eqs[EQ_TENDON], device),
+        friction_dof=_long(friction_dof, device),
+        friction_tendon=_long(friction_tendon, device),
+        limit_scalar_jnt=_long(limit_scalar, device),
+        limit_ball_jnt=_long(limit_ball, device),
+        limit_tendon=_long(limit_tendon, device),
+        contacts=tuple(contacts),
+        efc_type=tuple(efc_type),
+        efc_id=tuple(efc_id),
+        ne=ne,
+        nf=nf,
+        nl=nl,
+        nefc=len(efc_type),
+        elliptic=elliptic,
+    )

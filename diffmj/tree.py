@@ -52,6 +52,7 @@ class TreePlan(PyTreeNode):
     jnt_order: Tensor  # [njnt] position of joint i in the group-concatenated order
     body_rootid: Tensor  # [nbody]
     jnt_dofadr: Tensor  # [njnt]
+    jnt_qposadr: Tensor  # [njnt]
     geom_bodyid: Tensor  # [ngeom]
     site_bodyid: Tensor  # [nsite]
     body_subtree: Tensor  # [nbody, nbody] 1 where column body is in the subtree of row body
@@ -218,6 +219,7 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         jnt_order=_long(jnt_order, device),
         body_rootid=_long(mjm.body_rootid, device),
         jnt_dofadr=_long(mjm.jnt_dofadr, device),
+        jnt_qposadr=_long(mjm.jnt_qposadr, device),
         geom_bodyid=_long(mjm.geom_bodyid, device),
         site_bodyid=_long(mjm.site_bodyid, device),
         body_subtree=floats(body_subtree),

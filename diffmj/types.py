@@ -24,7 +24,8 @@ from tensordict import tensorclass
 from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
-from diffmj.plan import ActuatorPlan, TendonPlan
+from diffmj.collision.plan import CollisionPlan
+from diffmj.plan import ActuatorPlan, ConstraintPlan, TendonPlan
 from diffmj.tree import TreePlan
 
 
@@ -190,12 +191,16 @@ class Model(PyTreeNode):
     nmocap: int = static_field()
     ntendon: int = static_field()
     nwrap: int = static_field()
+    neq: int = static_field()
+    npair: int = static_field()
 
     # ---- options and derived index plans
     opt: Option
     tree: TreePlan
     tendon_plan: TendonPlan
     actuator_plan: ActuatorPlan
+    collision_plan: CollisionPlan
+    constraint_plan: ConstraintPlan
 
     # ---- bodies
     body_parentid: tuple[int, ...] = static_field()
@@ -216,6 +221,7 @@ class Model(PyTreeNode):
     body_inertia: Tensor  # [nbody, 3]
     body_gravcomp: Tensor  # [nbody]
     body_invweight0: Tensor  # [nbody, 2]
+    stat_meaninertia: Tensor  # [] mean diagonal inertia at qpos0 (mjStatistic.meaninertia)
 
     # ---- joints and dofs
     jnt_type: tuple[int, ...] = static_field()
@@ -287,6 +293,28 @@ class Model(PyTreeNode):
     tendon_solimp_fri: Tensor  # [ntendon, 5]
     tendon_invweight0: Tensor  # [ntendon]
     tendon_actfrcrange: Tensor  # [ntendon, 2]
+    tendon_length0: Tensor  # [ntendon]
+
+    # ---- equality constraints
+    eq_type: tuple[int, ...] = static_field()
+    eq_obj1id: tuple[int, ...] = static_field()
+    eq_obj2id: tuple[int, ...] = static_field()
+    eq_objtype: tuple[int, ...] = static_field()
+    eq_active0: tuple[int, ...] = static_field()
+    eq_data: Tensor  # [neq, 12]
+    eq_solref: Tensor  # [neq, 2]
+    eq_solimp: Tensor  # [neq, 5]
+
+    # ---- explicit contact pairs
+    pair_dim: tuple[int, ...] = static_field()
+    pair_geom1: tuple[int, ...] = static_field()
+    pair_geom2: tuple[int, ...] = static_field()
+    pair_friction: Tensor  # [npair, 5]
+    pair_solref: Tensor  # [npair, 2]
+    pair_solreffriction: Tensor  # [npair, 2]
+    pair_solimp: Tensor  # [npair, 5]
+    pair_margin: Tensor  # [npair]
+    pair_gap: Tensor  # [npair]
 
     # ---- actuators
     actuator_trntype: tuple[int, ...] = static_field()
@@ -321,6 +349,26 @@ class Model(PyTreeNode):
     def structure(self) -> tuple:
         """Hashable structure of the model; equal for two loads of the same XML."""
         return self.static()
+
+
+@tensorclass
+class Contact:
+    """Fixed array of contact slots (mjContact), one per possible contact of each candidate pair.
+
+    A slot holds a contact when ``dist`` is finite (below margin + gap) and adds
+    constraint rows when ``active`` (below margin). Geom ids and condim of each
+    slot are structure: ``m.collision_plan.contact_geom`` / ``contact_dim``.
+    """
+
+    dist: Tensor  # [ncon] +inf for an empty slot
+    pos: Tensor  # [ncon, 3]
+    frame: Tensor  # [ncon, 3, 3] rows: normal (geom1 -> geom2), tangent1, tangent2
+    includemargin: Tensor  # [ncon]
+    friction: Tensor  # [ncon, 5]
+    solref: Tensor  # [ncon, 2]
+    solreffriction: Tensor  # [ncon, 2]
+    solimp: Tensor  # [ncon, 5]
+    active: Tensor  # [ncon] bool
 
 
 @tensorclass
@@ -384,3 +432,19 @@ class Data:
     qfrc_smooth: Tensor  # [nv]
     qacc_smooth: Tensor  # [nv]
     qfrc_constraint: Tensor  # [nv]
+    # ---- constraints: fixed rows, ``efc_active`` marks those MuJoCo would instantiate
+    eq_active: Tensor  # [neq] bool
+    contact: Contact
+    efc_active: Tensor  # [nefc] bool
+    efc_J: Tensor  # [nefc, nv]
+    efc_pos: Tensor  # [nefc]
+    efc_margin: Tensor  # [nefc]
+    efc_frictionloss: Tensor  # [nefc]
+    efc_diagA: Tensor  # [nefc]
+    efc_D: Tensor  # [nefc]
+    efc_R: Tensor  # [nefc]
+    efc_KBIP: Tensor  # [nefc, 4] stiffness, damping, impedance, impedance derivative
+    efc_vel: Tensor  # [nefc]
+    efc_aref: Tensor  # [nefc]
+    efc_force: Tensor  # [nefc]
+    efc_state: Tensor  # [nefc] int (mjtConstraintState)

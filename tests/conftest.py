@@ -70,3 +70,67 @@ def reference(m: diffmj.Model, mjd: mujoco.MjData) -> diffmj.Data:
 def smooth_model(request) -> mujoco.MjModel:
     """Each hand-written contact-free model."""
     return mj_model(request.param)
+
+
+CONTACT_TYPES = (5, 6, 7)  # mjCNSTR_CONTACT_FRICTIONLESS / PYRAMIDAL / ELLIPTIC
+
+
+def match_contacts(m: diffmj.Model, d: diffmj.Data, mjd: mujoco.MjData) -> dict[int, int]:
+    """MuJoCo contact index -> diffmj contact slot: same geom pair, nearest position."""
+    geoms = m.collision_plan.contact_geom.cpu().numpy()
+    dist = as_numpy(d.contact.dist)
+    pos = as_numpy(d.contact.pos)
+    result = {}
+    for k in range(mjd.ncon):
+        con = mjd.contact[k]
+        slots = [
+            s for s in range(len(geoms))
+            if sorted(geoms[s]) == sorted(con.geom) and np.isfinite(dist[s]) and s not in result.values()
+        ]
+        assert slots, f"MuJoCo contact {k} between geoms {tuple(con.geom)} has no diffmj slot"
+        result[k] = min(slots, key=lambda s: np.abs(pos[s] - con.pos).max())
+    return result
+
+
+def mj_efc_J(mjm: mujoco.MjModel, mjd: mujoco.MjData) -> np.ndarray:
+    """MuJoCo's constraint Jacobian as a dense [nefc, nv] array."""
+    if mujoco.mj_isSparse(mjm):
+        out = np.zeros((mjd.nefc, mjm.nv))
+        mujoco.mju_sparse2dense(out, mjd.efc_J, mjd.efc_J_rownnz, mjd.efc_J_rowadr, mjd.efc_J_colind)
+        return out
+    return mjd.efc_J.reshape(mjd.nefc, mjm.nv)
+
+
+def match_efc(m: diffmj.Model, d: diffmj.Data, mjd: mujoco.MjData) -> tuple[np.ndarray, np.ndarray]:
+    """(diffmj rows, MuJoCo rows) of every MuJoCo constraint row, matched by type, object and order."""
+    plan = m.constraint_plan
+    types, ids = np.asarray(plan.efc_type), np.asarray(plan.efc_id)
+    active = as_numpy(d.efc_active).astype(bool)
+    slot_of = match_contacts(m, d, mjd)
+    ours, theirs = [], []
+    k = 0
+    while k < mjd.nefc:
+        typ, obj = int(mjd.efc_type[k]), int(mjd.efc_id[k])
+        end = k
+        while end < mjd.nefc and mjd.efc_type[end] == typ and mjd.efc_id[end] == obj:
+            end += 1
+        group = list(range(k, end))
+        our_id = slot_of[obj] if typ in CONTACT_TYPES else obj
+        rows = np.flatnonzero((types == typ) & (ids == our_id) & active)
+        assert len(rows) == len(group), f"efc type {typ} id {obj}: {len(rows)} rows vs MuJoCo's {len(group)}"
+        ours += list(rows)
+        theirs += group
+        k += len(group)
+    assert len(ours) == int(active.sum()), "diffmj has active rows MuJoCo does not"
+    return np.asarray(ours, dtype=int), np.asarray(theirs, dtype=int)
+
+
+def settled_state(mjm: mujoco.MjModel, steps: int, seed: int = 0, ctrl_scale: float = 0.5) -> mujoco.MjData:
+    """A MuJoCo C state after ``steps`` steps of random controls (contacts made and broken)."""
+    rng = np.random.default_rng(seed)
+    mjd = mujoco.MjData(mjm)
+    for _ in range(steps):
+        mjd.ctrl[:] = ctrl_scale * rng.uniform(-1, 1, mjm.nu)
+        mujoco.mj_step(mjm, mjd)
+    mujoco.mj_forward(mjm, mjd)
+    return mjd

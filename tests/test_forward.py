@@ -67,10 +67,10 @@ def test_euler_without_implicit_damping():
 def test_step_is_pure(smooth_model):
     m = diffmj.put_model(smooth_model)
     d = diffmj.put_data(m, random_state(smooth_model, 0))
-    before = {k: v.clone() for k, v in d.items()}
+    before = d.to_tensordict().clone()
     diffmj.step(m, d)
     diffmj.forward(m, d)
-    for k, v in d.items():
+    for k, v in d.to_tensordict().items(include_nested=True, leaves_only=True):
         assert torch.equal(v, before[k]), f"step modified its input field {k}"
 
 

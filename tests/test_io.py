@@ -49,10 +49,10 @@ def test_model_is_a_pytree():
 
 
 REFUSED = {
-    "joint limits": '<body><joint name="j" range="-1 1"/><geom size=".1" contype="0" conaffinity="0"/></body>',
-    "collisions": '<body><freejoint/><geom name="ball" size=".1"/></body>',
+    "convex pair": '<body><freejoint/><geom name="a" type="capsule" size=".1 .2"/></body>'
+    '<body pos="1 0 0"><freejoint/><geom name="b" type="ellipsoid" size=".1 .2 .3"/></body>',
+    "pgs": '<body><joint name="j"/><geom size=".1"/></body>',
     "sensors": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
-    "frictionloss": '<body><joint name="j" frictionloss="1"/><geom size=".1" contype="0" conaffinity="0"/></body>',
     "muscle": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
     "fluid": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
 }
@@ -60,12 +60,11 @@ EXTRA = {
     "sensors": '<sensor><jointpos joint="j"/></sensor>',
     "muscle": '<actuator><muscle joint="j" lengthrange="-1 1"/></actuator>',
 }
-OPTION = {"fluid": '<option density="1.2"/>'}
+OPTION = {"fluid": '<option density="1.2"/>', "pgs": '<option solver="PGS"/>'}
 MESSAGE = {
-    "joint limits": "joint 'j': joint limits",
-    "collisions": "geom 'ball': collisions",
+    "convex pair": "geom pair 'a' \\(capsule\\) - 'b' \\(ellipsoid\\): collision",
+    "pgs": "solver 'PGS'",
     "sensors": "sensors",
-    "frictionloss": "joint 'j': frictionloss",
     "muscle": "actuator #0: dynamics 'muscle'",
     "fluid": "fluid forces",
 }

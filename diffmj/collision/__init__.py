@@ -1,0 +1,1 @@
+"""Collision detection: broad phase plan, narrow-phase pair functions, contact assembly."""

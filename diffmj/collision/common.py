@@ -1,0 +1,124 @@
+"""Types shared by the narrow-phase pair functions.
+
+Every pair function has the signature::
+
+    fn(geom1: GeomPose, geom2: GeomPose, margin: Tensor) -> Candidates
+
+for a batch of ``n`` geom pairs of one type pair (for example all
+sphere-capsule pairs of a model), ``margin`` [n] being MuJoCo's margin + gap
+for each pair. It returns ``k`` candidate contacts per pair (``k`` fixed per
+function: MuJoCo's ``mj_maxContact``, or fewer where the C function can never
+emit that many, as capsule-box's 2 of 4) in the order MuJoCo's ``mjc_*``
+function emits them. A slot MuJoCo would not emit (no contact, or dist >
+margin) has ``dist = +inf``; every other field of such a slot is finite, and
+the infinity is introduced with ``torch.where`` from a constant so that no
+gradient through it is NaN. Empty slots may sit between emitted ones: the
+emitted contacts, read in slot order, are MuJoCo's.
+
+Conventions (MuJoCo's): ``normal`` is the contact frame's first axis and
+points from geom1 to geom2; ``dist`` is negative in penetration; ``pos`` is
+the midpoint between the two surfaces; ``tangent`` is the frame's second axis
+when the pair function defines it, else zero (``mju_makeFrame`` completes
+the frame later).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from diffmj.math import cross, dot, normalize
+
+
+class GeomPose(NamedTuple):
+    """Geoms of one type in world coordinates."""
+
+    pos: Tensor  # [n, 3] geom_xpos
+    mat: Tensor  # [n, 3, 3] geom_xmat
+    size: Tensor  # [n, 3] geom_size
+
+
+class Candidates(NamedTuple):
+    """Up to k contacts for each of n geom pairs."""
+
+    dist: Tensor  # [n, k]
+    pos: Tensor  # [n, k, 3]
+    normal: Tensor  # [n, k, 3]
+    tangent: Tensor  # [n, k, 3]
+
+
+def make_candidates(
+    valid: Tensor, dist: Tensor, pos: Tensor, normal: Tensor, tangent: Tensor | None = None
+) -> Candidates:
+    """Candidates with dist = +inf where not ``valid`` [n, k].
+
+    ``normal`` and ``tangent`` (default zero) broadcast to ``pos`` [n, k, 3].
+    """
+    normal = normal.expand_as(pos)
+    tangent = torch.zeros_like(pos) if tangent is None else tangent.expand_as(pos)
+    return Candidates(torch.where(valid, dist, torch.inf), pos, normal, tangent)
+
+
+def select(cond: Tensor, a: tuple[Tensor, ...], b: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """torch.where over matching tuples of tensors; cond [...] broadcasts over trailing dims."""
+    return tuple(
+        torch.where(cond[(...,) + (None,) * (x.dim() - cond.dim())], x, y) for x, y in zip(a, b)
+    )
+
+
+def plus_minus(positive: Tensor, dtype: torch.dtype) -> Tensor:
+    """+1 where ``positive``, else -1."""
+    return positive.to(dtype) * 2 - 1
+
+
+def axis_onehot(axis: Tensor, dtype: torch.dtype) -> Tensor:
+    """One-hot [..., 3] of an axis index [...] in 0..2."""
+    return (axis[..., None] == torch.arange(3, device=axis.device)).to(dtype)
+
+
+def take(x: Tensor, index: Tensor) -> Tensor:
+    """x[..., index] with a per-element integer index: x [..., m], index [...] -> [...].
+
+    The leading dims of x and index broadcast against each other.
+    """
+    shape = torch.broadcast_shapes(x.shape[:-1], index.shape)
+    index = index.expand(shape)[..., None]
+    return torch.take_along_dim(x.expand(*shape, x.shape[-1]), index, -1)[..., 0]
+
+
+def compact(valid: Tensor, k: int, *values: Tensor) -> tuple[Tensor, ...]:
+    """Move the first ``k`` valid entries along dim -1 of valid [..., m] to the front.
+
+    Returns (valid [..., k], *values) with each value [..., m] or [..., m, c]
+    cut to [..., k] or [..., k, c], in the original order: MuJoCo's
+    ``con[cnt++]`` with a cap of k. Unfilled slots copy entry 0 (finite) and
+    are marked invalid.
+    """
+    rank = torch.cumsum(valid.long(), -1) - 1
+    slots = torch.arange(k, device=valid.device)
+    hit = valid[..., :, None] & (rank[..., :, None] == slots)  # [..., m, k]
+    index = hit.long().argmax(-2)  # entry filling each slot (0 if none)
+    out = [hit.any(-2)]
+    for v in values:
+        if v.dim() == valid.dim():
+            out.append(torch.take_along_dim(v, index, -1))
+        else:
+            out.append(torch.take_along_dim(v, index[..., None], -2))
+    return tuple(out)
+
+
+def make_frame(normal: Tensor, tangent: Tensor) -> Tensor:
+    """Contact frame [..., 3, 3] with rows normal, tangent, normal x tangent (mju_makeFrame).
+
+    The normal is normalised; a tangent shorter than 0.5 is replaced by (0, 1, 0),
+    or (0, 0, 1) when the normal is within 60 degrees of the y axis; the tangent
+    is then made orthogonal to the normal and normalised.
+    """
+    x = normalize(normal)[0]
+    unit = torch.eye(3, dtype=normal.dtype, device=normal.device)
+    default = torch.where((x[..., 1:2] < 0.5) & (x[..., 1:2] > -0.5), unit[1], unit[2])
+    y = torch.where(dot(tangent, tangent)[..., None] < 0.25, default, tangent)
+    y = normalize(y - x * dot(x, y)[..., None])[0]
+    return torch.stack((x, y, cross(x, y)), -2)

@@ -1,0 +1,140 @@
+"""Collision driver: narrow phase over the candidate pairs and contact parameters (mj_collision).
+
+Every candidate pair (see ``plan.py``) is collided every step by the
+function of its geom-type pair; the results fill a fixed array of contact
+slots. A slot holds a contact when its distance is below the pair's margin
++ gap (``dist = +inf`` otherwise) and is ``active`` (produces constraint
+rows) when its distance is below the margin, as in MuJoCo.
+
+Contact parameters are mixed from geom parameters at run time, so that
+gradients reach ``geom_friction``, ``geom_solref``, ``geom_solimp``,
+``geom_solmix``, ``geom_margin`` and ``geom_gap``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from diffmj import math
+from diffmj.collision import box, primitive
+from diffmj.collision.common import Candidates, GeomPose, make_frame
+from diffmj.collision.plan import BOX, CAPSULE, CYLINDER, ELLIPSOID, PLANE, SPHERE
+from diffmj.types import Contact, Data, EnableBit, Model
+
+MINMU = 1e-5  # mjMINMU: smallest friction coefficient MuJoCo allows
+
+PAIR_FUNCTIONS = {
+    (PLANE, SPHERE): primitive.plane_sphere,
+    (PLANE, CAPSULE): primitive.plane_capsule,
+    (PLANE, ELLIPSOID): primitive.plane_ellipsoid,
+    (PLANE, CYLINDER): primitive.plane_cylinder,
+    (PLANE, BOX): primitive.plane_box,
+    (SPHERE, SPHERE): primitive.sphere_sphere,
+    (SPHERE, CAPSULE): primitive.sphere_capsule,
+    (SPHERE, CYLINDER): primitive.sphere_cylinder,
+    (SPHERE, BOX): primitive.sphere_box,
+    (CAPSULE, CAPSULE): primitive.capsule_capsule,
+    (CAPSULE, BOX): primitive.capsule_box,
+    (BOX, BOX): box.box_box,
+}
+
+
+def _mix_geom_params(m: Model, g1: Tensor, g2: Tensor, priority1: Tensor):
+    """MuJoCo's mixing of geom contact parameters (mj_contactParam): friction [n, 3], solref, solimp."""
+    s1, s2 = m.geom_solmix[g1], m.geom_solmix[g2]
+    ok1, ok2 = s1 >= math.MINVAL, s2 >= math.MINVAL
+    total = torch.where(ok1 & ok2, s1 + s2, 1.0)
+    mix = torch.where(ok1 & ok2, s1 / total, torch.where(ok1, 1.0, torch.where(ok2, 0.0, 0.5)))
+    mix = mix[:, None]
+    ref1, ref2 = m.geom_solref[g1], m.geom_solref[g2]
+    standard = (ref1[:, :1] > 0) & (ref2[:, :1] > 0)
+    solref = torch.where(standard, mix * ref1 + (1 - mix) * ref2, torch.minimum(ref1, ref2))
+    solimp = mix * m.geom_solimp[g1] + (1 - mix) * m.geom_solimp[g2]
+    friction = torch.maximum(m.geom_friction[g1], m.geom_friction[g2])
+
+    # unequal priority: take the winner's parameters unmixed
+    w = priority1[:, None]
+    first = w == 1.0
+    second = w == 0.0
+
+    def pick(a, b, mixed):
+        return torch.where(first, a, torch.where(second, b, mixed))
+
+    return (
+        pick(m.geom_friction[g1], m.geom_friction[g2], friction),
+        pick(ref1, ref2, solref),
+        pick(m.geom_solimp[g1], m.geom_solimp[g2], solimp),
+    )
+
+
+def contact_params(m: Model) -> dict[str, Tensor]:
+    """Per candidate pair: friction [npair, 5], solref, solreffriction, solimp, margin, gap."""
+    plan = m.collision_plan
+    g1, g2 = plan.geom1, plan.geom2
+    friction3, solref, solimp = _mix_geom_params(m, g1, g2, plan.priority1)
+    friction = torch.cat((friction3[:, :1], friction3[:, :1], friction3[:, 1:2], friction3[:, 2:], friction3[:, 2:]), -1)
+    margin = m.geom_margin[g1] + m.geom_margin[g2]
+    gap = m.geom_gap[g1] + m.geom_gap[g2]
+    solreffriction = torch.zeros_like(solref)
+    if m.npair:
+        p = plan.pair_id
+        explicit = plan.explicit
+        e = explicit[:, None]
+        friction = torch.where(e, m.pair_friction[p], friction)
+        solref = torch.where(e, m.pair_solref[p], solref)
+        solimp = torch.where(e, m.pair_solimp[p], solimp)
+        solreffriction = torch.where(e, m.pair_solreffriction[p], solreffriction)
+        margin = torch.where(explicit, m.pair_margin[p], margin)
+        gap = torch.where(explicit, m.pair_gap[p], gap)
+    opt = m.opt
+    if opt.enabled(EnableBit.OVERRIDE):
+        friction = opt.o_friction.expand_as(friction)
+        solref = opt.o_solref.expand_as(solref)
+        solimp = opt.o_solimp.expand_as(solimp)
+        margin = opt.o_margin.expand_as(margin)
+    return {
+        "friction": torch.clamp(friction, min=MINMU),
+        "solref": solref,
+        "solreffriction": solreffriction,
+        "solimp": solimp,
+        "margin": margin,
+        "gap": gap,
+    }
+
+
+def _narrow_phase(m: Model, d: Data, margin_gap: Tensor) -> Candidates:
+    """All contact slots, group by group in the plan's order: [ncon] fields."""
+    plan = m.collision_plan
+    parts = []
+    for group in plan.groups:
+        g1, g2 = plan.geom1[group.pair], plan.geom2[group.pair]
+        pose1 = GeomPose(d.geom_xpos[g1], d.geom_xmat[g1], m.geom_size[g1])
+        pose2 = GeomPose(d.geom_xpos[g2], d.geom_xmat[g2], m.geom_size[g2])
+        found = PAIR_FUNCTIONS[group.types](pose1, pose2, margin_gap[group.pair])
+        parts.append(Candidates(*(x.flatten(0, 1) for x in found)))
+    return Candidates(*(torch.cat(fields) for fields in zip(*parts)))
+
+
+def collision(m: Model, d: Data) -> Data:
+    """Contacts between all candidate geom pairs (mj_collision)."""
+    plan = m.collision_plan
+    if not plan.ncon:
+        return d
+    params = contact_params(m)
+    found = _narrow_phase(m, d, params["margin"] + params["gap"])
+    per_contact = {k: v[plan.contact_pair] for k, v in params.items()}
+    includemargin = per_contact["margin"]
+    contact = Contact(
+        dist=found.dist,
+        pos=found.pos,
+        frame=make_frame(found.normal, found.tangent),
+        includemargin=includemargin,
+        friction=per_contact["friction"],
+        solref=per_contact["solref"],
+        solreffriction=per_contact["solreffriction"],
+        solimp=per_contact["solimp"],
+        active=found.dist < includemargin,
+        batch_size=[],
+    )
+    return d.replace(contact=contact)

@@ -1,0 +1,169 @@
+"""Broad phase, done once in ``put_model``: every geom pair that may ever touch.
+
+MuJoCo filters pairs twice. Static rules (contype / conaffinity, same or
+parent weld body, both bodies dof-less, ``<exclude>``, explicit ``<pair>``)
+decide which pairs can collide at all; runtime bounding-volume tests only
+skip pairs that are too far apart to produce a contact. diffmj applies the
+static rules here and runs the narrow phase on every remaining pair each
+step, so the number of contact slots is fixed (vmap- and compile-friendly);
+a pair that is too far apart simply yields no active contact.
+"""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+import torch
+from torch import Tensor
+
+from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
+
+PLANE, HFIELD, SPHERE, CAPSULE, ELLIPSOID, CYLINDER, BOX, MESH, SDF = range(9)
+GEOM_NAMES = ("plane", "hfield", "sphere", "capsule", "ellipsoid", "cylinder", "box", "mesh", "sdf")
+
+# type pair -> contacts per pair (MuJoCo's mj_maxContact for these primitives)
+MAX_CONTACTS = {
+    (PLANE, SPHERE): 1,
+    (PLANE, CAPSULE): 2,
+    (PLANE, ELLIPSOID): 1,
+    (PLANE, CYLINDER): 4,
+    (PLANE, BOX): 4,
+    (SPHERE, SPHERE): 1,
+    (SPHERE, CAPSULE): 1,
+    (SPHERE, CYLINDER): 1,
+    (SPHERE, BOX): 1,
+    (CAPSULE, CAPSULE): 2,
+    (CAPSULE, BOX): 2,  # MuJoCo 4 emits at most two (mj_maxContact reserves four)
+    (BOX, BOX): 8,
+}
+
+
+@pytree_dataclass
+class PairGroup(PyTreeNode):
+    """Candidate pairs sharing one narrow-phase function."""
+
+    types: tuple[int, int] = static_field()
+    pair: Tensor  # [n] indices into the candidate pair list
+
+
+@pytree_dataclass
+class CollisionPlan(PyTreeNode):
+    """Candidate geom pairs, grouped by type, and the fixed layout of contact slots."""
+
+    geom1: Tensor  # [npair] first geom (lower type) of each candidate pair
+    geom2: Tensor  # [npair]
+    explicit: Tensor  # [npair] bool: pair comes from <pair> (parameters from pair_*)
+    pair_id: Tensor  # [npair] index into the model's pair_* arrays (0 if not explicit)
+    priority1: Tensor  # [npair] 1 where geom1's priority wins, 0 where geom2's, 0.5 if equal
+    groups: tuple[PairGroup, ...]
+    contact_pair: Tensor  # [ncon] candidate pair of each contact slot
+    contact_geom: Tensor  # [ncon, 2] geom ids of each contact slot
+    contact_dim: tuple[int, ...] = static_field()  # condim of each contact slot
+    ncon: int = static_field()
+
+
+def _weld_info(mjm: mujoco.MjModel, body: int) -> tuple[int, int, int]:
+    weld = int(mjm.body_weldid[body])
+    return weld, int(mjm.body_weldid[mjm.body_parentid[weld]]), int(mjm.body_dofnum[weld])
+
+
+def _bodies_may_collide(mjm: mujoco.MjModel, b1: int, b2: int) -> bool:
+    """MuJoCo's filterBodyPair (sleep aside), plus the body-level bitmask and <exclude>."""
+    weld1, parent1, dofs1 = _weld_info(mjm, b1)
+    weld2, parent2, dofs2 = _weld_info(mjm, b2)
+    if weld1 == weld2 or (dofs1 == 0 and dofs2 == 0):
+        return False
+    filterparent = not mjm.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_FILTERPARENT
+    if filterparent and weld1 and weld2 and (weld1 == parent2 or weld2 == parent1):
+        return False
+    signature = (min(b1, b2) << 16) + max(b1, b2)
+    return signature not in set(int(s) for s in mjm.exclude_signature)
+
+
+def _bitmask_ok(mjm: mujoco.MjModel, g1: int, g2: int) -> bool:
+    ct, ca = mjm.geom_contype, mjm.geom_conaffinity
+    return bool((ct[g1] & ca[g2]) or (ct[g2] & ca[g1]))
+
+
+def candidate_pairs(mjm: mujoco.MjModel) -> list[tuple[int, int, int]]:
+    """(geom1, geom2, pair id or -1) for every pair that may collide, geom1 of lower type."""
+    disabled = mujoco.mjtDisableBit
+    if mjm.opt.disableflags & (disabled.mjDSBL_CONTACT | disabled.mjDSBL_CONSTRAINT):
+        return []
+    explicit = {}
+    for p in range(mjm.npair):
+        g1, g2 = int(mjm.pair_geom1[p]), int(mjm.pair_geom2[p])
+        explicit[(min(g1, g2), max(g1, g2))] = p
+    pairs = []
+    geom_body = mjm.geom_bodyid
+    for g1 in range(mjm.ngeom):
+        for g2 in range(g1 + 1, mjm.ngeom):
+            if (g1, g2) in explicit:
+                continue
+            b1, b2 = int(geom_body[g1]), int(geom_body[g2])
+            if _bitmask_ok(mjm, g1, g2) and _bodies_may_collide(mjm, b1, b2):
+                pairs.append((g1, g2, -1))
+    pairs += [(g1, g2, p) for (g1, g2), p in explicit.items()]
+    typed = []
+    for g1, g2, p in pairs:
+        if mjm.geom_type[g1] > mjm.geom_type[g2]:
+            g1, g2 = g2, g1
+        typed.append((g1, g2, p))
+    return typed
+
+
+def _condim(mjm: mujoco.MjModel, g1: int, g2: int, p: int) -> int:
+    if p >= 0:
+        return int(mjm.pair_dim[p])
+    pr1, pr2 = mjm.geom_priority[g1], mjm.geom_priority[g2]
+    if pr1 != pr2:
+        return int(mjm.geom_condim[g1] if pr1 > pr2 else mjm.geom_condim[g2])
+    return int(max(mjm.geom_condim[g1], mjm.geom_condim[g2]))
+
+
+def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
+    """A description of the first candidate pair without a narrow-phase function, if any."""
+    for g1, g2, _ in candidate_pairs(mjm):
+        key = (int(mjm.geom_type[g1]), int(mjm.geom_type[g2]))
+        if key not in MAX_CONTACTS:
+            n1 = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g1) or f"#{g1}"
+            n2 = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g2) or f"#{g2}"
+            return f"geom pair '{n1}' ({GEOM_NAMES[key[0]]}) - '{n2}' ({GEOM_NAMES[key[1]]}): collision"
+    return None
+
+
+def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.device) -> CollisionPlan:
+    pairs = candidate_pairs(mjm)
+
+    def long(x) -> Tensor:
+        return torch.as_tensor(np.asarray(x, dtype=np.int64).reshape(-1), device=device)
+
+    g1 = [g for g, _, _ in pairs]
+    g2 = [g for _, g, _ in pairs]
+    pid = [p for _, _, p in pairs]
+    prio = mjm.geom_priority
+    priority1 = [0.5 if prio[a] == prio[b] else float(prio[a] > prio[b]) for a, b in zip(g1, g2)]
+
+    groups, contact_pair, contact_dim = [], [], []
+    for key in MAX_CONTACTS:
+        members = [i for i, (a, b, _) in enumerate(pairs) if (mjm.geom_type[a], mjm.geom_type[b]) == key]
+        if not members:
+            continue
+        groups.append(PairGroup(types=key, pair=long(members)))
+        for i in members:
+            contact_pair += [i] * MAX_CONTACTS[key]
+            contact_dim += [_condim(mjm, g1[i], g2[i], pid[i])] * MAX_CONTACTS[key]
+    geoms = np.stack([np.asarray(g1, dtype=np.int64), np.asarray(g2, dtype=np.int64)], -1)
+    contact_geom = geoms[np.asarray(contact_pair, dtype=np.int64)] if contact_pair else np.zeros((0, 2))
+    return CollisionPlan(
+        geom1=long(g1),
+        geom2=long(g2),
+        explicit=torch.as_tensor([p >= 0 for p in pid], dtype=torch.bool, device=device),
+        pair_id=long([max(p, 0) for p in pid]),
+        priority1=torch.as_tensor(priority1, dtype=dtype, device=device),
+        groups=tuple(groups),
+        contact_pair=long(contact_pair),
+        contact_geom=torch.as_tensor(contact_geom.astype(np.int64), device=device).reshape(-1, 2),
+        contact_dim=tuple(contact_dim),
+        ncon=len(contact_pair),
+    )

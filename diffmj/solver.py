@@ -1,0 +1,314 @@
+"""Newton and CG solvers for MuJoCo's convex constraint problem (engine_solver.c).
+
+The problem: minimise over qacc
+
+    0.5 (qacc - qacc_smooth)' M (qacc - qacc_smooth) + s(J qacc - aref)
+
+where s is the sum of the row costs of equality (quadratic), frictionloss
+(Huber), limit and pyramidal contact (one-sided quadratic) and elliptic
+contact (distance to the friction cone) constraints. Both solvers start from
+MuJoCo's warm start, take exact line searches along Newton (H = M + J'DJ +
+cone terms) or Hager-Zhang conjugate-gradient directions, and stop with
+MuJoCo's tests (improvement, gradient, Newton decrement).
+
+Loops have a fixed maximum length (``opt.iterations``, ``opt.ls_iterations``);
+a converged element is frozen with ``torch.where`` so a vmapped batch gives
+exactly what each element gives alone. An eager unbatched call stops as soon
+as it has converged, with the same result.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from diffmj import math
+from diffmj.constraint import contact_mu
+from diffmj.plan import STATE_CONE, STATE_LINEARNEG, STATE_LINEARPOS, STATE_QUADRATIC, STATE_SATISFIED
+from diffmj.types import Data, DisableBit, Model, SolverType
+
+
+class Problem(NamedTuple):
+    """Inputs of the constrained problem (constant during the solve)."""
+
+    M: Tensor  # [nv, nv]
+    M_chol: Tensor  # [nv, nv]
+    qfrc_smooth: Tensor  # [nv]
+    qacc_smooth: Tensor  # [nv]
+    J: Tensor  # [nefc, nv]
+    aref: Tensor  # [nefc]
+    D: Tensor  # [nefc]
+    R: Tensor  # [nefc]
+    frictionloss: Tensor  # [nefc]
+    active: Tensor  # [nefc] bool
+    equality: Tensor  # [nefc] bool
+    friction: Tensor  # [nefc] bool
+    cones: tuple  # per elliptic contact group: (rows [k, dim], mu [k], friction [k, dim - 1])
+
+
+class Update(NamedTuple):
+    """Constraint forces and states at one qacc (mj_constraintUpdate)."""
+
+    force: Tensor  # [nefc]
+    state: Tensor  # [nefc] int
+    cost: Tensor  # [] constraint cost (without the Gauss term)
+    quadratic: Tensor  # [nefc] D where a row contributes D to the Hessian, else 0
+    cone_hessians: tuple  # per cone group: [k, dim, dim] (zero outside the cone state)
+
+
+def _cone(jar_rows: Tensor, mu: Tensor, friction: Tensor):
+    """Elliptic cone quantities of rows [k, dim]: U (rescaled jar), N, T and the zones."""
+    U = torch.cat(((jar_rows[:, 0] * mu)[:, None], jar_rows[:, 1:] * friction), -1)
+    N = U[:, 0]
+    T = math.safe_norm(U[:, 1:])
+    top = (N >= mu * T) | ((T <= 0) & (N >= 0))
+    bottom = ~top & ((mu * N + T <= 0) | ((T <= 0) & (N < 0)))
+    middle = ~top & ~bottom
+    return U, N, T, top, bottom, middle
+
+
+def constraint_update(p: Problem, jar: Tensor, with_hessian: bool = False) -> Update:
+    """Forces, states and cost of every row at residual jar = J qacc - aref."""
+    D, R, floss = p.D, p.R, p.frictionloss
+    quad_cost = 0.5 * D * jar * jar
+    force = -D * jar
+
+    # frictionloss rows: Huber cost
+    rf = R * floss
+    neg, pos = jar <= -rf, jar >= rf
+    huber = torch.where(neg, -0.5 * rf * floss - floss * jar, torch.where(pos, -0.5 * rf * floss + floss * jar, quad_cost))
+    fri_force = torch.where(neg, floss, torch.where(pos, -floss, force))
+    fri_state = torch.where(neg, STATE_LINEARNEG, torch.where(pos, STATE_LINEARPOS, STATE_QUADRATIC))
+
+    # limits and contacts: one-sided
+    violated = jar < 0
+    state = torch.where(p.equality, STATE_QUADRATIC, torch.where(p.friction, fri_state, torch.where(violated, STATE_QUADRATIC, STATE_SATISFIED)))
+    force = torch.where(p.equality, force, torch.where(p.friction, fri_force, torch.where(violated, force, 0.0)))
+    cost = torch.where(p.equality, quad_cost, torch.where(p.friction, huber, torch.where(violated, quad_cost, 0.0)))
+
+    hessians = []
+    for rows, mu, friction in p.cones:
+        dim = rows.shape[1]
+        jr = jar[rows]
+        d0 = D[rows[:, 0]]
+        U, N, T, top, bottom, middle = _cone(jr, mu, friction)
+        Dm = d0 / (mu * mu * (1 + mu * mu))
+        NmT = N - mu * T
+        scale_row = torch.cat((mu[:, None], friction), -1)  # dU / djar
+        T_safe = torch.where(T > 0, T, 1.0)
+        f0 = -Dm * NmT * mu
+        f_rest = -f0[:, None] / T_safe[:, None] * U[:, 1:] * friction
+        cone_force = torch.cat((f0[:, None], f_rest), -1)
+        bottom_force = -D[rows] * jr
+        group_force = torch.where(top[:, None], 0.0, torch.where(bottom[:, None], bottom_force, cone_force))
+        group_cost = torch.where(top, 0.0, torch.where(bottom, (0.5 * D[rows] * jr * jr).sum(-1), 0.5 * Dm * NmT * NmT))
+        group_state = torch.where(top, STATE_SATISFIED, torch.where(bottom, STATE_QUADRATIC, STATE_CONE))
+        flat = rows.reshape(-1)
+        force = force.index_copy(0, flat, group_force.reshape(-1))
+        state = state.index_copy(0, flat, group_state[:, None].expand(-1, dim).reshape(-1))
+        # the cone's cost is carried by its first row
+        cost = cost.index_copy(0, flat, torch.cat((group_cost[:, None], torch.zeros_like(jr[:, 1:])), -1).reshape(-1))
+        if with_hessian:
+            # H = Dm * diag(scale) [[1, -mu/T U'], [.., mu N / T^3 U U' + (mu^2 - mu N / T) I]] diag(scale)
+            u = U[:, 1:]
+            first = torch.cat((torch.ones_like(mu)[:, None], -(mu / T_safe)[:, None] * u), -1)
+            block = (mu * N / T_safe**3)[:, None, None] * u[:, :, None] * u[:, None, :]
+            block = block + (mu * mu - mu * N / T_safe)[:, None, None] * torch.eye(dim - 1, dtype=jar.dtype, device=jar.device)
+            H = torch.cat((first[:, None, :], torch.cat((first[:, 1:, None], block), -1)), 1)
+            H = Dm[:, None, None] * scale_row[:, :, None] * H * scale_row[:, None, :]
+            in_cone = middle & p.active[rows[:, 0]]
+            hessians.append(torch.where(in_cone[:, None, None], H, 0.0))
+
+    active = p.active
+    force = torch.where(active, force, 0.0)
+    state = torch.where(active, state, STATE_SATISFIED)
+    cost = torch.where(active, cost, 0.0).sum(-1)
+    quadratic = torch.where(state == STATE_QUADRATIC, D, 0.0)
+    return Update(force, state, cost, quadratic, tuple(hessians))
+
+
+def _hessian(p: Problem, upd: Update) -> Tensor:
+    """Newton Hessian H = M + J' D_quadratic J + sum over cones J_c' H_c J_c. [nv, nv]"""
+    H = p.M + p.J.transpose(-1, -2) @ (upd.quadratic[:, None] * p.J)
+    for (rows, _, _), hc in zip(p.cones, upd.cone_hessians):
+        Jc = p.J[rows]  # [k, dim, nv]
+        H = H + (Jc.transpose(-1, -2) @ hc @ Jc).sum(0)
+    return H
+
+
+class LineEval(NamedTuple):
+    deriv: Tensor
+    deriv2: Tensor
+
+
+def _line_eval(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, alpha: Tensor) -> LineEval:
+    """First and second derivatives of the cost along the search direction at step alpha."""
+    x = jar + alpha * Jv
+    upd = constraint_update(p, x)
+    # d/dalpha of the row costs: -force . Jv; second derivative from the quadratic rows
+    deriv = -(upd.force * Jv).sum(-1) + 2 * alpha * quad_gauss[2] + quad_gauss[1]
+    deriv2 = (upd.quadratic * Jv * Jv).sum(-1) + 2 * quad_gauss[2]
+    for rows, mu, friction in p.cones:
+        U, N, T, _, _, middle = _cone(x[rows], mu, friction)
+        V = torch.cat(((Jv[rows[:, 0]] * mu)[:, None], Jv[rows[:, 1:]] * friction), -1)
+        Dm = p.D[rows[:, 0]] / (mu * mu * (1 + mu * mu))
+        T_safe = torch.where(T > 0, T, 1.0)
+        N1 = V[:, 0]
+        T1 = (U[:, 1:] * V[:, 1:]).sum(-1) / T_safe
+        T2 = (V[:, 1:] * V[:, 1:]).sum(-1) / T_safe - T1 * T1 / T_safe
+        d2 = Dm * ((N1 - mu * T1) ** 2 + (N - mu * T) * (-mu * T2))
+        deriv2 = deriv2 + torch.where(middle & p.active[rows[:, 0]], d2, 0.0).sum(-1)
+    return LineEval(deriv, torch.clamp(deriv2, min=math.MINVAL))
+
+
+def _total_cost(p: Problem, qacc: Tensor, jar: Tensor) -> Tensor:
+    gauss = 0.5 * ((p.M @ qacc - p.qfrc_smooth) * (qacc - p.qacc_smooth)).sum(-1)
+    return gauss + constraint_update(p, jar).cost
+
+
+def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor, iterations: int):
+    """Exact line search: safeguarded Newton steps on the convex 1-D cost. Returns (alpha, improvement)."""
+    Jv = p.J @ search
+    Mv = p.M @ search
+    Ma = p.M @ qacc
+    quad_gauss = torch.stack((torch.zeros_like(gtol), (search * (Ma - p.qfrc_smooth)).sum(-1), 0.5 * (search * Mv).sum(-1)))
+    lo = torch.zeros_like(gtol)
+    hi = torch.full_like(gtol, torch.inf)
+    first = _line_eval(p, jar, Jv, quad_gauss, lo)
+    alpha = -first.deriv / first.deriv2
+    done = torch.zeros_like(gtol, dtype=torch.bool)
+    for _ in range(max(iterations - 1, 1)):
+        ev = _line_eval(p, jar, Jv, quad_gauss, alpha)
+        done = done | (ev.deriv.abs() < gtol)
+        lo = torch.where(done | (ev.deriv >= 0), lo, alpha)
+        hi = torch.where(done | (ev.deriv < 0), hi, alpha)
+        newton = alpha - ev.deriv / ev.deriv2
+        inside = (newton > lo) & (newton < hi)
+        bisect = torch.where(torch.isinf(hi), newton, 0.5 * (lo + torch.where(torch.isinf(hi), lo, hi)))
+        alpha = torch.where(done, alpha, torch.where(inside, newton, bisect))
+    improvement = _total_cost(p, qacc, jar) - _total_cost(p, qacc + alpha * search, jar + alpha * Jv)
+    alpha = torch.where(improvement > 0, alpha, 0.0)
+    return alpha, torch.where(improvement > 0, improvement, 0.0)
+
+
+def _problem(m: Model, d: Data) -> Problem:
+    plan = m.constraint_plan
+    rows = torch.arange(plan.nefc, device=m.device)
+    cones = tuple(
+        (
+            group.row[:, None] + torch.arange(group.dim, device=m.device),
+            contact_mu(m, d, group),
+            d.contact.friction[group.slot, : group.dim - 1],
+        )
+        for group in plan.contacts
+        if plan.elliptic and group.dim > 1
+    )
+    return Problem(
+        M=d.qM,
+        M_chol=d.qLD,
+        qfrc_smooth=d.qfrc_smooth,
+        qacc_smooth=d.qacc_smooth,
+        J=d.efc_J,
+        aref=d.efc_aref,
+        D=d.efc_D,
+        R=d.efc_R,
+        frictionloss=d.efc_frictionloss,
+        active=d.efc_active,
+        equality=rows < plan.ne,
+        friction=(rows >= plan.ne) & (rows < plan.ne + plan.nf),
+        cones=cones,
+    )
+
+
+def _warmstart(m: Model, p: Problem, qacc_warmstart: Tensor) -> Tensor:
+    """qacc_warmstart if its cost beats qacc_smooth's (MuJoCo's warmstart), else qacc_smooth."""
+    if m.opt.disabled(DisableBit.WARMSTART):
+        return p.qacc_smooth
+    cost_ws = _total_cost(p, qacc_warmstart, p.J @ qacc_warmstart - p.aref)
+    cost_smooth = constraint_update(p, p.J @ p.qacc_smooth - p.aref).cost
+    return torch.where(cost_ws > cost_smooth, p.qacc_smooth, qacc_warmstart)
+
+
+def _can_stop_early(x: Tensor) -> bool:
+    """True for a plain eager tensor, where reading a flag does not break vmap or compile."""
+    return not torch.compiler.is_compiling() and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+
+
+def solve(m: Model, d: Data) -> Data:
+    """Solve for qacc with the model's solver; fills qacc, qfrc_constraint, efc_force, efc_state."""
+    p = _problem(m, d)
+    opt = m.opt
+    newton = opt.solver == SolverType.NEWTON
+    tol = opt.tolerance
+    scale = 1 / (m.stat_meaninertia * max(1, m.nv))
+
+    def evaluate(qacc):
+        jar = p.J @ qacc - p.aref
+        upd = constraint_update(p, jar, with_hessian=newton)
+        grad = p.M @ qacc - p.qfrc_smooth - p.J.transpose(-1, -2) @ upd.force
+        return jar, upd, grad
+
+    def direction(upd, grad):
+        if newton:
+            chol = torch.linalg.cholesky(_hessian(p, upd))
+        else:
+            chol = p.M_chol
+        return torch.cholesky_solve(grad[:, None], chol)[:, 0]
+
+    qacc = _warmstart(m, p, d.qacc_warmstart)
+    jar, upd, grad = evaluate(qacc)
+    mgrad_m = torch.cholesky_solve(grad[:, None], p.M_chol)[:, 0]
+    gap_ok = torch.clamp(0.5 * scale * (grad * mgrad_m).sum(-1), min=0) < tol
+    grad_ok = scale * math.safe_norm(grad) < tol
+    done = gap_ok & grad_ok if newton else gap_ok
+    mgrad = direction(upd, grad)
+    if newton:
+        done = done | (grad_ok & (torch.clamp(0.5 * scale * (grad * mgrad).sum(-1), min=0) < tol))
+    search = -mgrad
+    for _ in range(opt.iterations):
+        if _can_stop_early(done) and bool(done.all()):
+            break
+        snorm = math.safe_norm(search)
+        gtol = tol * opt.ls_tolerance * snorm / scale
+        alpha, improvement = _line_search(p, qacc, jar, search, gtol, opt.ls_iterations)
+        stalled = (alpha == 0) | (snorm < math.MINVAL)
+        new_qacc = qacc + alpha * search
+        new_jar, new_upd, new_grad = evaluate(new_qacc)
+        new_mgrad = direction(new_upd, new_grad)
+        if newton:
+            new_search = -new_mgrad
+        else:
+            new_search = _hager_zhang(search, grad, mgrad, new_grad, new_mgrad)
+        improved = scale * improvement
+        converged = ((improved > 0) & (improved < tol)) | (scale * math.safe_norm(new_grad) < tol)
+        if newton:
+            converged = converged | (torch.clamp(0.5 * scale * (new_grad * new_mgrad).sum(-1), min=0) < tol)
+        keep = done | stalled
+        qacc = torch.where(keep, qacc, new_qacc)
+        jar = torch.where(keep, jar, new_jar)
+        upd = Update(*(torch.where(keep, old, new) if isinstance(old, Tensor) else old for old, new in zip(upd, new_upd)))
+        grad = torch.where(keep, grad, new_grad)
+        mgrad = torch.where(keep, mgrad, new_mgrad)
+        search = torch.where(keep, search, new_search)
+        done = keep | converged
+    return d.replace(
+        qacc=qacc,
+        qfrc_constraint=p.J.transpose(-1, -2) @ upd.force,
+        efc_force=upd.force,
+        efc_state=upd.state,
+    )
+
+
+def _hager_zhang(search: Tensor, grad: Tensor, mgrad: Tensor, new_grad: Tensor, new_mgrad: Tensor) -> Tensor:
+    """Conjugate direction with MuJoCo's Hager-Zhang beta, restarting when conjugacy is lost."""
+    y = new_grad - grad
+    My = new_mgrad - mgrad
+    d_dot_y = (search * y).sum(-1)
+    ok = d_dot_y >= math.MINVAL
+    dy = torch.where(ok, d_dot_y, 1.0)
+    beta_hz = ((y * new_mgrad).sum(-1) - 2 * ((y * My).sum(-1) / dy) * (search * new_grad).sum(-1)) / dy
+    eta_k = -1.0 / torch.clamp(math.safe_norm(search) * torch.clamp(math.safe_norm(new_grad), max=0.01), min=math.MINVAL)
+    beta = torch.where(ok, torch.maximum(eta_k, beta_hz), 0.0)
+    return -new_mgrad + beta * search
