@@ -233,3 +233,12 @@ def add_blocks(target: Tensor, adr: Tensor, values: Tensor) -> Tensor:
     """target with values[k] added to target[adr[k] : adr[k] + width] (out of place)."""
     index = adr[:, None] + torch.arange(values.shape[-1], device=adr.device)
     return target.index_add(0, index.reshape(-1), values.reshape(-1))
+
+
+def cholesky(a: Tensor) -> Tensor:
+    """Lower Cholesky factor of symmetric positive definite a [..., n, n].
+
+    Uses cholesky_ex: no error check, hence no host synchronisation, and none of
+    the large fixed overhead linalg.cholesky has for small matrices on CPU.
+    """
+    return torch.linalg.cholesky_ex(a)[0]

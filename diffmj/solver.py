@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 
 from diffmj import math
-from diffmj.constraint import contact_mu
 from diffmj.plan import STATE_CONE, STATE_LINEARNEG, STATE_LINEARPOS, STATE_QUADRATIC, STATE_SATISFIED
 from diffmj.types import Data, DisableBit, Model, SolverType
 
@@ -56,6 +55,7 @@ class Update(NamedTuple):
     cost: Tensor  # [] constraint cost (without the Gauss term)
     quadratic: Tensor  # [nefc] D where a row contributes D to the Hessian, else 0
     cone_hessians: tuple  # per cone group: [k, dim, dim] (zero outside the cone state)
+    cone_cost: Tensor  # [] part of the cost from elliptic cones
 
 
 def _cone(jar_rows: Tensor, mu: Tensor, friction: Tensor):
@@ -89,6 +89,7 @@ def constraint_update(p: Problem, jar: Tensor, with_hessian: bool = False) -> Up
     cost = torch.where(p.equality, quad_cost, torch.where(p.friction, huber, torch.where(violated, quad_cost, 0.0)))
 
     hessians = []
+    cone_cost = torch.zeros_like(jar[..., 0])
     for rows, mu, friction in p.cones:
         dim = rows.shape[1]
         jr = jar[rows]
@@ -105,6 +106,7 @@ def constraint_update(p: Problem, jar: Tensor, with_hessian: bool = False) -> Up
         group_force = torch.where(top[:, None], 0.0, torch.where(bottom[:, None], bottom_force, cone_force))
         group_cost = torch.where(top, 0.0, torch.where(bottom, (0.5 * D[rows] * jr * jr).sum(-1), 0.5 * Dm * NmT * NmT))
         group_state = torch.where(top, STATE_SATISFIED, torch.where(bottom, STATE_QUADRATIC, STATE_CONE))
+        cone_cost = cone_cost + torch.where(p.active[rows[:, 0]], group_cost, 0.0).sum(-1)
         flat = rows.reshape(-1)
         force = force.index_copy(0, flat, group_force.reshape(-1))
         state = state.index_copy(0, flat, group_state[:, None].expand(-1, dim).reshape(-1))
@@ -126,7 +128,7 @@ def constraint_update(p: Problem, jar: Tensor, with_hessian: bool = False) -> Up
     state = torch.where(active, state, STATE_SATISFIED)
     cost = torch.where(active, cost, 0.0).sum(-1)
     quadratic = torch.where(state == STATE_QUADRATIC, D, 0.0)
-    return Update(force, state, cost, quadratic, tuple(hessians))
+    return Update(force, state, cost, quadratic, tuple(hessians), cone_cost)
 
 
 def _hessian(p: Problem, upd: Update) -> Tensor:
@@ -168,18 +170,79 @@ def _total_cost(p: Problem, qacc: Tensor, jar: Tensor) -> Tensor:
     return gauss + constraint_update(p, jar).cost
 
 
+def _gauss_quadratic(p: Problem, qacc: Tensor, search: Tensor) -> Tensor:
+    """Coefficients (0, q1, q2) of the Gauss cost along the search: q1 alpha + q2 alpha^2 (+ const)."""
+    q1 = (search * (p.M @ qacc - p.qfrc_smooth)).sum(-1)
+    q2 = 0.5 * (search * (p.M @ search)).sum(-1)
+    return torch.stack((torch.zeros_like(q1), q1, q2))
+
+
 def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor, iterations: int):
-    """Exact line search: safeguarded Newton steps on the convex 1-D cost. Returns (alpha, improvement)."""
+    """Exact line search along ``search``; returns (alpha, cost improvement).
+
+    Without elliptic cones the 1-D cost is a convex piecewise quadratic: its
+    minimiser is found exactly, without iterating, from the derivative at the
+    breakpoints. Elliptic cones make it non-quadratic; there ``iterations``
+    safeguarded Newton steps (MuJoCo's ls_iterations) stop at |derivative| < gtol.
+    """
     Jv = p.J @ search
-    Mv = p.M @ search
-    Ma = p.M @ qacc
-    quad_gauss = torch.stack((torch.zeros_like(gtol), (search * (Ma - p.qfrc_smooth)).sum(-1), 0.5 * (search * Mv).sum(-1)))
+    quad_gauss = _gauss_quadratic(p, qacc, search)
+    if p.cones:
+        alpha = _newton_search(p, jar, Jv, quad_gauss, gtol, iterations)
+    else:
+        alpha = _breakpoint_search(p, jar, Jv, quad_gauss)
+    improvement = -_cost_change(p, jar, Jv, quad_gauss, alpha)
+    alpha = torch.where(improvement > 0, alpha, 0.0)
+    return alpha, torch.where(improvement > 0, improvement, 0.0)
+
+
+def _cost_change(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, alpha: Tensor) -> Tensor:
+    """cost(alpha) - cost(0) along the search, free of cancellation where a row keeps its state.
+
+    Near the optimum the change is far smaller than the cost itself; like
+    MuJoCo's line search, rows that stay quadratic (or linear) contribute their
+    change in closed form instead of a difference of two large numbers.
+    """
+    step = alpha * Jv
+    x1 = jar + step
+    quad_change = p.D * step * (jar + 0.5 * step)
+    rf = p.R * p.frictionloss
+    # one-sided rows (limits, contacts)
+    q0, q1 = jar < 0, x1 < 0
+    one_sided = torch.where(q0 & q1, quad_change, torch.where(q1, 0.5 * p.D * x1 * x1, torch.where(q0, -0.5 * p.D * jar * jar, 0.0)))
+
+    # frictionloss rows: Huber
+    def zone(x):
+        return torch.where(x <= -rf, -1, torch.where(x >= rf, 1, 0))
+
+    def huber(x):
+        z = zone(x)
+        return torch.where(z == 0, 0.5 * p.D * x * x, p.frictionloss * (-0.5 * rf + z * x))
+
+    z0, z1 = zone(jar), zone(x1)
+    same = z0 == z1
+    friction = torch.where(same & (z0 == 0), quad_change, torch.where(same, z0 * p.frictionloss * step, huber(x1) - huber(jar)))
+    change = torch.where(p.equality, quad_change, torch.where(p.friction, friction, one_sided))
+    change = torch.where(p.active, change, 0.0)
+    if p.cones:
+        cone_rows = torch.cat([rows.reshape(-1) for rows, _, _ in p.cones])
+        change = change.index_fill(0, cone_rows, 0.0)
+        change_cones = constraint_update(p, x1).cone_cost - constraint_update(p, jar).cone_cost
+    else:
+        change_cones = 0.0
+    return change.sum(-1) + change_cones + alpha * quad_gauss[1] + alpha * alpha * quad_gauss[2]
+
+
+def _newton_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol: Tensor, iterations: int) -> Tensor:
+    """Newton steps on the derivative, kept inside the bracket [lo, hi] where it changes sign."""
     lo = torch.zeros_like(gtol)
     hi = torch.full_like(gtol, torch.inf)
     first = _line_eval(p, jar, Jv, quad_gauss, lo)
     alpha = -first.deriv / first.deriv2
     done = torch.zeros_like(gtol, dtype=torch.bool)
     for _ in range(max(iterations - 1, 1)):
+        if _can_stop_early(done) and bool(done.all()):
+            break
         ev = _line_eval(p, jar, Jv, quad_gauss, alpha)
         done = done | (ev.deriv.abs() < gtol)
         lo = torch.where(done | (ev.deriv >= 0), lo, alpha)
@@ -187,44 +250,155 @@ def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Te
         newton = alpha - ev.deriv / ev.deriv2
         inside = (newton > lo) & (newton < hi)
         bisect = torch.where(torch.isinf(hi), newton, 0.5 * (lo + torch.where(torch.isinf(hi), lo, hi)))
-        alpha = torch.where(done, alpha, torch.where(inside, newton, bisect))
-    improvement = _total_cost(p, qacc, jar) - _total_cost(p, qacc + alpha * search, jar + alpha * Jv)
-    alpha = torch.where(improvement > 0, alpha, 0.0)
-    return alpha, torch.where(improvement > 0, improvement, 0.0)
+        new_alpha = torch.where(inside, newton, bisect)
+        done = done | (new_alpha == alpha)  # converged to rounding
+        alpha = torch.where(done, alpha, new_alpha)
+    return alpha
 
 
-def _problem(m: Model, d: Data) -> Problem:
-    plan = m.constraint_plan
-    rows = torch.arange(plan.nefc, device=m.device)
-    cones = tuple(
-        (
-            group.row[:, None] + torch.arange(group.dim, device=m.device),
-            contact_mu(m, d, group),
-            d.contact.friction[group.slot, : group.dim - 1],
-        )
-        for group in plan.contacts
-        if plan.elliptic and group.dim > 1
+def _piecewise_derivatives(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, alpha: Tensor):
+    """First and second derivatives of the (cone-free) 1-D cost at steps alpha [k]. [k] each."""
+    x = jar[None, :] + alpha[:, None] * Jv[None, :]  # [k, nefc]
+    rf = p.R * p.frictionloss
+    quadratic = torch.where(p.equality, True, torch.where(p.friction, (x > -rf) & (x < rf), x < 0)) & p.active
+    linear = p.friction & p.active & ~quadratic
+    slope = torch.where(quadratic, p.D * x * Jv, torch.where(linear, torch.sign(x) * p.frictionloss * Jv, 0.0))
+    curvature = torch.where(quadratic, p.D * Jv * Jv, 0.0)
+    return slope.sum(-1) + 2 * alpha * quad_gauss[2] + quad_gauss[1], curvature.sum(-1) + 2 * quad_gauss[2]
+
+
+def _breakpoint_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor) -> Tensor:
+    """Exact minimiser of a convex piecewise-quadratic 1-D cost.
+
+    The derivative is continuous and piecewise linear with kinks where a row
+    changes state (x = 0 for limits and contacts, x = +-R f for frictionloss).
+    Evaluate it at 0 and at every kink ahead, take the first interval where it
+    turns non-negative and solve the linear piece there.
+    """
+    moving = p.active & (Jv != 0)
+    Jv_safe = torch.where(moving, Jv, 1.0)
+    rf = p.R * p.frictionloss
+    one_sided = ~p.equality & ~p.friction
+    kinks = torch.cat((
+        torch.where(moving & one_sided, -jar / Jv_safe, -1.0),
+        torch.where(moving & p.friction, (rf - jar) / Jv_safe, -1.0),
+        torch.where(moving & p.friction, (-rf - jar) / Jv_safe, -1.0),
+    ))
+    kinks = torch.sort(torch.where(kinks > 0, kinks, torch.inf)).values
+    points = torch.cat((torch.zeros_like(kinks[:1]), kinks))  # [n + 1]
+    finite = torch.isfinite(points)
+    slope, _ = _piecewise_derivatives(p, jar, Jv, quad_gauss, torch.where(finite, points, 0.0))
+    # first point with a non-negative derivative; the minimiser lies just before it
+    ahead = finite & (slope >= 0)
+    has_stop = ahead.any(-1)
+    stop = torch.where(has_stop, ahead.long().argmax(-1), finite.long().sum(-1))
+    start = torch.clamp(stop - 1, min=0)
+    a0 = points.gather(-1, start[None])[0]
+    d0 = slope.gather(-1, start[None])[0]
+    a1 = points.gather(-1, torch.clamp(stop, max=points.shape[-1] - 1)[None])[0]
+    mid = torch.where(has_stop & (stop > 0), 0.5 * (a0 + torch.where(torch.isfinite(a1), a1, a0)), a0 + 1)
+    _, curvature = _piecewise_derivatives(p, jar, Jv, quad_gauss, mid[None])
+    alpha = a0 - d0 / torch.clamp(curvature[0], min=math.MINVAL)
+    return torch.where(stop == 0, 0.0, alpha)
+
+
+class Settings(NamedTuple):
+    """Static configuration of one solve."""
+
+    newton: bool
+    iterations: int
+    ls_iterations: int
+    warmstart: bool
+    ne: int
+    nf: int
+
+
+class Inputs(NamedTuple):
+    """Everything the solve reads, as tensors (what its gradient flows to)."""
+
+    M: Tensor  # [nv, nv]
+    M_chol: Tensor  # [nv, nv] Cholesky factor of M
+    qfrc_smooth: Tensor  # [nv]
+    qacc_smooth: Tensor  # [nv]
+    qacc_warmstart: Tensor  # [nv]
+    J: Tensor  # [nefc, nv]
+    aref: Tensor  # [nefc]
+    D: Tensor  # [nefc]
+    R: Tensor  # [nefc]
+    frictionloss: Tensor  # [nefc]
+    active: Tensor  # [nefc] bool
+    cone_rows: tuple  # per elliptic contact group: [k, dim] rows
+    cone_friction: tuple  # per elliptic contact group: [k, 5] contact friction
+    tolerance: Tensor  # []
+    ls_tolerance: Tensor  # []
+    meaninertia: Tensor  # []
+
+
+def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
+    """The solve of Data d: static settings and tensor inputs."""
+    plan, opt = m.constraint_plan, m.opt
+    groups = [g for g in plan.contacts if plan.elliptic and g.dim > 1]
+    settings = Settings(
+        newton=opt.solver == SolverType.NEWTON,
+        iterations=opt.iterations,
+        ls_iterations=opt.ls_iterations,
+        warmstart=not opt.disabled(DisableBit.WARMSTART),
+        ne=plan.ne,
+        nf=plan.nf,
     )
-    return Problem(
+    inputs = Inputs(
         M=d.qM,
         M_chol=d.qLD,
         qfrc_smooth=d.qfrc_smooth,
         qacc_smooth=d.qacc_smooth,
+        qacc_warmstart=d.qacc_warmstart,
         J=d.efc_J,
         aref=d.efc_aref,
         D=d.efc_D,
         R=d.efc_R,
         frictionloss=d.efc_frictionloss,
         active=d.efc_active,
-        equality=rows < plan.ne,
-        friction=(rows >= plan.ne) & (rows < plan.ne + plan.nf),
+        cone_rows=tuple(g.row[:, None] + torch.arange(g.dim, device=m.device) for g in groups),
+        cone_friction=tuple(d.contact.friction[g.slot] for g in groups),
+        tolerance=opt.tolerance,
+        ls_tolerance=opt.ls_tolerance,
+        meaninertia=m.stat_meaninertia,
+    )
+    return settings, inputs
+
+
+def problem(settings: Settings, x: Inputs) -> Problem:
+    """The problem's data in the form the cost functions use."""
+    rows = torch.arange(x.D.shape[-1], device=x.D.device)
+    cones = tuple(
+        (
+            r,
+            # friction of the regularised cone: friction[0] * sqrt(R[1] / R[0]) (contact.mu)
+            f[:, 0] * torch.sqrt(x.R[r[:, 1]] / x.R[r[:, 0]]),
+            f[:, : r.shape[1] - 1],
+        )
+        for r, f in zip(x.cone_rows, x.cone_friction)
+    )
+    return Problem(
+        M=x.M,
+        M_chol=x.M_chol,
+        qfrc_smooth=x.qfrc_smooth,
+        qacc_smooth=x.qacc_smooth,
+        J=x.J,
+        aref=x.aref,
+        D=x.D,
+        R=x.R,
+        frictionloss=x.frictionloss,
+        active=x.active,
+        equality=rows < settings.ne,
+        friction=(rows >= settings.ne) & (rows < settings.ne + settings.nf),
         cones=cones,
     )
 
 
-def _warmstart(m: Model, p: Problem, qacc_warmstart: Tensor) -> Tensor:
+def _warmstart(settings: Settings, p: Problem, qacc_warmstart: Tensor) -> Tensor:
     """qacc_warmstart if its cost beats qacc_smooth's (MuJoCo's warmstart), else qacc_smooth."""
-    if m.opt.disabled(DisableBit.WARMSTART):
+    if not settings.warmstart:
         return p.qacc_smooth
     cost_ws = _total_cost(p, qacc_warmstart, p.J @ qacc_warmstart - p.aref)
     cost_smooth = constraint_update(p, p.J @ p.qacc_smooth - p.aref).cost
@@ -236,29 +410,39 @@ def _can_stop_early(x: Tensor) -> bool:
     return not torch.compiler.is_compiling() and not torch._C._functorch.is_functorch_wrapped_tensor(x)
 
 
-def solve(m: Model, d: Data) -> Data:
-    """Solve for qacc with the model's solver; fills qacc, qfrc_constraint, efc_force, efc_state."""
-    p = _problem(m, d)
-    opt = m.opt
-    newton = opt.solver == SolverType.NEWTON
-    tol = opt.tolerance
-    scale = 1 / (m.stat_meaninertia * max(1, m.nv))
+def residual(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
+    """Gradient of the cost, M qacc - qfrc_smooth - J' force: zero at the solution. [nv]"""
+    p = problem(settings, x)
+    force = constraint_update(p, p.J @ qacc - p.aref).force
+    return p.M @ qacc - p.qfrc_smooth - p.J.transpose(-1, -2) @ force
+
+
+def hessian_factor(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
+    """Cholesky factor of the Newton Hessian M + J' D J (+ cone terms) at qacc. [nv, nv]"""
+    p = problem(settings, x)
+    upd = constraint_update(p, p.J @ qacc - p.aref, with_hessian=True)
+    return math.cholesky(_hessian(p, upd))
+
+
+def solve_qacc(settings: Settings, x: Inputs) -> Tensor:
+    """The constrained acceleration: MuJoCo's Newton or CG iterations from the warm start. [nv]"""
+    p = problem(settings, x)
+    newton = settings.newton
+    tol = x.tolerance
+    scale = 1 / (x.meaninertia * max(1, p.M.shape[-1]))
 
     def evaluate(qacc):
         jar = p.J @ qacc - p.aref
         upd = constraint_update(p, jar, with_hessian=newton)
         grad = p.M @ qacc - p.qfrc_smooth - p.J.transpose(-1, -2) @ upd.force
-        return jar, upd, grad
+        return jar, grad, upd
 
     def direction(upd, grad):
-        if newton:
-            chol = torch.linalg.cholesky(_hessian(p, upd))
-        else:
-            chol = p.M_chol
+        chol = math.cholesky(_hessian(p, upd)) if newton else p.M_chol
         return torch.cholesky_solve(grad[:, None], chol)[:, 0]
 
-    qacc = _warmstart(m, p, d.qacc_warmstart)
-    jar, upd, grad = evaluate(qacc)
+    qacc = _warmstart(settings, p, x.qacc_warmstart)
+    jar, grad, upd = evaluate(qacc)
     mgrad_m = torch.cholesky_solve(grad[:, None], p.M_chol)[:, 0]
     gap_ok = torch.clamp(0.5 * scale * (grad * mgrad_m).sum(-1), min=0) < tol
     grad_ok = scale * math.safe_norm(grad) < tol
@@ -267,20 +451,17 @@ def solve(m: Model, d: Data) -> Data:
     if newton:
         done = done | (grad_ok & (torch.clamp(0.5 * scale * (grad * mgrad).sum(-1), min=0) < tol))
     search = -mgrad
-    for _ in range(opt.iterations):
+    for _ in range(settings.iterations):
         if _can_stop_early(done) and bool(done.all()):
             break
         snorm = math.safe_norm(search)
-        gtol = tol * opt.ls_tolerance * snorm / scale
-        alpha, improvement = _line_search(p, qacc, jar, search, gtol, opt.ls_iterations)
+        gtol = tol * x.ls_tolerance * snorm / scale
+        alpha, improvement = _line_search(p, qacc, jar, search, gtol, settings.ls_iterations)
         stalled = (alpha == 0) | (snorm < math.MINVAL)
         new_qacc = qacc + alpha * search
-        new_jar, new_upd, new_grad = evaluate(new_qacc)
+        new_jar, new_grad, new_upd = evaluate(new_qacc)
         new_mgrad = direction(new_upd, new_grad)
-        if newton:
-            new_search = -new_mgrad
-        else:
-            new_search = _hager_zhang(search, grad, mgrad, new_grad, new_mgrad)
+        new_search = -new_mgrad if newton else _hager_zhang(search, grad, mgrad, new_grad, new_mgrad)
         improved = scale * improvement
         converged = ((improved > 0) & (improved < tol)) | (scale * math.safe_norm(new_grad) < tol)
         if newton:
@@ -288,17 +469,29 @@ def solve(m: Model, d: Data) -> Data:
         keep = done | stalled
         qacc = torch.where(keep, qacc, new_qacc)
         jar = torch.where(keep, jar, new_jar)
-        upd = Update(*(torch.where(keep, old, new) if isinstance(old, Tensor) else old for old, new in zip(upd, new_upd)))
         grad = torch.where(keep, grad, new_grad)
         mgrad = torch.where(keep, mgrad, new_mgrad)
         search = torch.where(keep, search, new_search)
         done = keep | converged
+    return qacc
+
+
+def finish(settings: Settings, x: Inputs, qacc: Tensor, d: Data) -> Data:
+    """Data with the solution: qacc, and the forces and states of the rows at qacc."""
+    p = problem(settings, x)
+    upd = constraint_update(p, p.J @ qacc - p.aref)
     return d.replace(
         qacc=qacc,
         qfrc_constraint=p.J.transpose(-1, -2) @ upd.force,
         efc_force=upd.force,
         efc_state=upd.state,
     )
+
+
+def solve(m: Model, d: Data) -> Data:
+    """Solve for qacc, differentiating through the iterations (BackwardMode.UNROLL)."""
+    settings, inputs = settings_and_inputs(m, d)
+    return finish(settings, inputs, solve_qacc(settings, inputs), d)
 
 
 def _hager_zhang(search: Tensor, grad: Tensor, mgrad: Tensor, new_grad: Tensor, new_mgrad: Tensor) -> Tensor:
