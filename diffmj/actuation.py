@@ -115,19 +115,13 @@ def actuator_force_vel(m: Model, d: Data) -> Tensor:
     """d actuator_force / d actuator_velocity, as MuJoCo's implicit integrators use it. [nu]
 
     Zero for actuators saturated at their force range, at their joint's or
-    tendon's actuatorfrcrange (MuJoCo 4); the gain term uses the raw ``d.ctrl``
-    for stateless actuators, as mjd_actuator_vel does.
+    tendon's actuatorfrcrange (MuJoCo 4); the gain term multiplies the clamped
+    control (or the activation) as in the forward pass.
     """
     plan = m.actuator_plan
     gain_vel = plan.gain_affine * m.actuator_gainprm[:, 2]
     bias_vel = plan.bias_affine * m.actuator_biasprm[:, 2]
-    if plan.any_act:
-        act = d.act
-        if plan.any_actearly:
-            act = torch.where(plan.actearly[plan.act_actuator], next_activation(m, d.act, d.act_dot), act)
-        u = torch.where(plan.has_act > 0, act[plan.act_index], d.ctrl)
-    else:
-        u = d.ctrl
+    u = actuator_input(m, d, clamp_ctrl(m, d.ctrl), d.act_dot)
     deriv = (bias_vel + gain_vel * u) * plan.enabled
 
     def at_bound(x: Tensor, bounds: Tensor) -> Tensor:

@@ -58,6 +58,7 @@ class TreePlan(PyTreeNode):
     body_subtree: Tensor  # [nbody, nbody] 1 where column body is in the subtree of row body
     body_dof_ancestor: Tensor  # [nbody, nv] 1 where dof moves the body
     dof_ancestor: Tensor  # [nv, nv] 1 where column dof is an ancestor of (or is) the row dof
+    dof_chain: Tensor  # [nv, nv] 1 where one dof is an ancestor of the other (MuJoCo's M / D sparsity)
     dof_vel_ancestor: Tensor  # [nv, nv] 1 where column dof adds to the velocity cdof_dot uses
     dof_bodyid: Tensor  # [nv]
     dof_jntid: Tensor  # [nv]
@@ -225,6 +226,7 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         body_subtree=floats(body_subtree),
         body_dof_ancestor=floats(body_dof_ancestor),
         dof_ancestor=floats(dof_ancestor),
+        dof_chain=floats(np.minimum(dof_ancestor + dof_ancestor.T, 1.0)),
         dof_vel_ancestor=floats(dof_vel_ancestor),
         dof_bodyid=_long(dof_body, device),
         dof_jntid=_long(dof_jnt, device),
