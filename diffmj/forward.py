@@ -16,6 +16,7 @@ from diffmj.actuation import actuation, actuator_force_vel, next_activation
 from diffmj.collision.driver import collision
 from diffmj.constraint import make_constraint, reference_constraint
 from diffmj.passive import passive
+from diffmj.sensor import sensor_acc, sensor_pos, sensor_vel
 from diffmj.smooth import (
     apply_ft,
     com_pos,
@@ -28,8 +29,9 @@ from diffmj.smooth import (
     tendon,
     transmission,
 )
+from diffmj.grad.adjoint import solve_implicit
 from diffmj.solver import solve
-from diffmj.types import Data, DisableBit, IntegratorType, Model
+from diffmj.types import BackwardMode, Data, DisableBit, IntegratorType, Model
 
 
 def fwd_position(m: Model, d: Data) -> Data:
@@ -46,10 +48,10 @@ def fwd_position(m: Model, d: Data) -> Data:
 
 def fwd_velocity(m: Model, d: Data) -> Data:
     """Velocity-dependent quantities: tendon / actuator velocities, passive and bias forces."""
-    d = d.replace(
-        ten_velocity=d.ten_J @ d.qvel,
-        actuator_velocity=d.actuator_moment @ d.qvel,
-    )
+    actuator_velocity = d.actuator_moment @ d.qvel
+    if m.opt.disabled(DisableBit.ACTUATION):
+        actuator_velocity = torch.zeros_like(actuator_velocity)
+    d = d.replace(ten_velocity=d.ten_J @ d.qvel, actuator_velocity=actuator_velocity)
     d = com_vel(m, d)
     d = passive(m, d)
     d = reference_constraint(m, d)
@@ -72,16 +74,24 @@ def fwd_acceleration(m: Model, d: Data) -> Data:
 def fwd_constraint(m: Model, d: Data) -> Data:
     """Constrained acceleration from the constraint solver; qacc_smooth without constraint rows."""
     if m.constraint_plan.nefc:
-        return solve(m, d)
+        return solve_implicit(m, d) if m.backward_mode == BackwardMode.IMPLICIT else solve(m, d)
     return d.replace(qacc=d.qacc_smooth, qfrc_constraint=torch.zeros_like(d.qacc_smooth))
 
 
-def _forward(m: Model, d: Data) -> Data:
+def _forward(m: Model, d: Data, sensors: bool = True) -> Data:
+    """mj_forwardSkip without skipped stages; ``sensors=False`` leaves sensordata as it was."""
     d = fwd_position(m, d)
+    if sensors:
+        d = sensor_pos(m, d)
     d = fwd_velocity(m, d)
+    if sensors:
+        d = sensor_vel(m, d)
     d = actuation(m, d)
     d = fwd_acceleration(m, d)
-    return fwd_constraint(m, d)
+    d = fwd_constraint(m, d)
+    if sensors:
+        d = sensor_acc(m, d)
+    return d
 
 
 def integrate_pos(m: Model, qpos: Tensor, qvel: Tensor, dt: Tensor) -> Tensor:
@@ -100,6 +110,29 @@ def integrate_pos(m: Model, qpos: Tensor, qvel: Tensor, dt: Tensor) -> Tensor:
         new = math.add_blocks(new, tree.free_qposadr, dt * math.gather_blocks(qvel, tree.free_dofadr, 3))
         new = rotate(new, tree.free_qposadr + 3, tree.free_dofadr + 3)
     return new
+
+
+def differentiate_pos(m: Model, qpos1: Tensor, qpos2: Tensor, dt: Tensor | float = 1.0) -> Tensor:
+    """Velocity that integrate_pos turns qpos1 into qpos2 with over dt (mj_differentiatePos). [nv]"""
+    tree = m.tree
+    qvel = torch.zeros(qpos1.shape[:-1] + (m.nv,), dtype=qpos1.dtype, device=qpos1.device)
+    dif = qpos2[..., tree.scalar_qposadr] - qpos1[..., tree.scalar_qposadr]
+    qvel = qvel.index_copy(-1, tree.scalar_dofadr, dif)
+
+    def rotation(qvel: Tensor, qadr: Tensor, dofadr: Tensor) -> Tensor:
+        q1 = math.gather_blocks(qpos1, qadr, 4)
+        q2 = math.gather_blocks(qpos2, qadr, 4)
+        index = dofadr[:, None] + torch.arange(3, device=dofadr.device)
+        return qvel.index_copy(-1, index.reshape(-1), math.quat_sub(q2, q1).reshape(-1))
+
+    if tree.ball_jnt.shape[0]:
+        qvel = rotation(qvel, tree.ball_qposadr, tree.ball_dofadr)
+    if tree.free_jnt.shape[0]:
+        pos = math.gather_blocks(qpos2, tree.free_qposadr, 3) - math.gather_blocks(qpos1, tree.free_qposadr, 3)
+        index = tree.free_dofadr[:, None] + torch.arange(3, device=qpos1.device)
+        qvel = qvel.index_copy(-1, index.reshape(-1), pos.reshape(-1))
+        qvel = rotation(qvel, tree.free_qposadr + 3, tree.free_dofadr + 3)
+    return qvel / dt
 
 
 def _advance(m: Model, d: Data, act_dot: Tensor, qacc: Tensor, qvel: Tensor | None = None) -> Data:
@@ -123,7 +156,7 @@ def _euler(m: Model, d: Data) -> Data:
     if not (m.opt.disabled(DisableBit.EULERDAMP) or m.opt.disabled(DisableBit.DAMPER)):
         h = m.opt.timestep
         damped = d.qM + torch.diag_embed(h * m.dof_damping)
-        correction = torch.cholesky_solve((h * m.dof_damping * qacc)[:, None], torch.linalg.cholesky(damped))
+        correction = torch.cholesky_solve((h * m.dof_damping * qacc)[:, None], math.cholesky(damped))
         qacc = qacc - correction[:, 0]
     return _advance(m, d, d.act_dot, qacc)
 
@@ -132,11 +165,19 @@ _RK4_A = ((0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
 _RK4_B = (1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0)
 
 
+def _dexpinv_coefficient(t: Tensor) -> Tensor:
+    """(1 - (t/2) cot(t/2)) / t^2 of SO(3)'s inverse dexp; its series 1/12 + t^2/720 near 0."""
+    small = t < 1e-3
+    ts = torch.where(small, 1.0, t)
+    exact = (1 - 0.5 * ts / torch.tan(0.5 * ts)) / (ts * ts)
+    return torch.where(small, 1 / 12 + t * t / 720, exact)
+
+
 def _rk4_position_velocity(m: Model, theta: Tensor, qvel: Tensor) -> Tensor:
     """Stage velocity mapped to the Lie algebra of each quaternion (Runge-Kutta-Munthe-Kaas).
 
     For ball and free-joint rotations at the stage offset theta (a rotation vector),
-    the algebra velocity is dexp^-1(theta) w = w + theta x w / 2 + theta x (theta x w) / 12,
+    the algebra velocity is dexp^-1(theta) w = w + theta x w / 2 + c(|theta|) theta x (theta x w),
     which makes RK4 fourth order on orientations, as in MuJoCo 4. Other dofs pass through.
     """
     adr = m.tree.rotation_dofadr
@@ -145,7 +186,7 @@ def _rk4_position_velocity(m: Model, theta: Tensor, qvel: Tensor) -> Tensor:
     th = math.gather_blocks(theta, adr, 3)
     w = math.gather_blocks(qvel, adr, 3)
     c1 = math.cross(th, w)
-    k = w + 0.5 * c1 + math.cross(th, c1) / 12
+    k = w + 0.5 * c1 + math.cross(th, c1) * _dexpinv_coefficient(math.safe_norm(th))[:, None]
     index = adr[:, None] + torch.arange(3, device=adr.device)
     return qvel.index_copy(0, index.reshape(-1), k.reshape(-1))
 
@@ -166,7 +207,7 @@ def _rk4(m: Model, d: Data) -> Data:
             act=act0 + h * dact,
             time=time0 + sum(a) * h,
         )
-        d = _forward(m, stage)
+        d = _forward(m, stage, sensors=False)  # like MuJoCo, intermediate stages skip sensors
         posvel.append(_rk4_position_velocity(m, h * dpos, d.qvel))
         acc.append(d.qacc)
         actd.append(d.act_dot)
@@ -194,8 +235,7 @@ def qfrc_smooth_vel(m: Model, d: Data) -> Tensor:
     if m.nu and not m.opt.disabled(DisableBit.ACTUATION):
         gain = actuator_force_vel(m, d)
         deriv = deriv + d.actuator_moment.transpose(-1, -2) @ (gain[:, None] * d.actuator_moment)
-    chain = m.tree.dof_ancestor
-    return deriv * torch.clamp(chain + chain.transpose(-1, -2), max=1.0)
+    return deriv * m.tree.dof_chain
 
 
 def bias_vel(m: Model, d: Data) -> Tensor:
@@ -222,7 +262,7 @@ def _implicit(m: Model, d: Data) -> Data:
         return _advance(m, d, d.act_dot, qacc)
 
     qh = d.qM - h * deriv
-    qacc = torch.cholesky_solve(qfrc[:, None], torch.linalg.cholesky(qh))[:, 0]
+    qacc = torch.cholesky_solve(qfrc[:, None], math.cholesky(qh))[:, 0]
     blocks = m.tree.free_body_dofadr
     if blocks:
         bias = bias_vel(m, d)

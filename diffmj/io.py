@@ -13,10 +13,21 @@ import mujoco
 import numpy as np
 import torch
 
-from diffmj.collision.plan import build_collision_plan, unsupported_pair
-from diffmj.plan import build_actuator_plan, build_constraint_plan, build_tendon_plan
+from diffmj.collision.plan import GEOM_NAMES, build_collision_plan, unsupported_pair
+from diffmj.plan import (
+    OBJ_CAMERA,
+    RAY_PRIMITIVES,
+    SUPPORTED_SENSORS,
+    SensorType,
+    build_actuator_plan,
+    build_constraint_plan,
+    build_sensor_plan,
+    build_tendon_plan,
+    ray_geoms,
+)
 from diffmj.tree import build_tree_plan
 from diffmj.types import (
+    BackwardMode,
     BiasType,
     Contact,
     Data,
@@ -65,7 +76,6 @@ def check_supported(mjm: mujoco.MjModel) -> None:
     for count, feature in (
         (mjm.nflex, "flex"),
         (mjm.nplugin, "plugin"),
-        (mjm.nsensor, "sensors"),
         (mjm.nplastic, "plasticity (springyield)"),
         (mjm.nhistory, "actuator / sensor history buffers"),
         (mjm.flg_surfacevel, "geom surface velocity"),
@@ -73,6 +83,7 @@ def check_supported(mjm: mujoco.MjModel) -> None:
     ):
         if count:
             _refuse(feature)
+    _check_sensors(mjm)
     if opt.solver == SolverType.PGS:
         _refuse("option solver 'PGS' (use Newton or CG)")
     for flag, name in ((EnableBit.DIAGEXACT, "diagexact"), (EnableBit.SPECULATIVE, "speculative")):
@@ -131,6 +142,24 @@ def check_supported(mjm: mujoco.MjModel) -> None:
             _refuse(f"{aname}: actuator plugin")
 
 
+def _check_sensors(mjm: mujoco.MjModel) -> None:
+    """Refuse sensor types diffmj does not compute, camera frames and delayed / sampled outputs."""
+    for i in range(mjm.nsensor):
+        sname = f"sensor {_name(mjm, mujoco.mjtObj.mjOBJ_SENSOR, i)}"
+        typ = int(mjm.sensor_type[i])
+        if typ not in SUPPORTED_SENSORS:
+            _refuse(f"{sname}: type '{SensorType(typ).name.lower()}'")
+        if OBJ_CAMERA in (mjm.sensor_objtype[i], mjm.sensor_reftype[i]):
+            _refuse(f"{sname}: camera frames")
+        if mjm.sensor_history[i, 0] > 0 or mjm.sensor_delay[i] > 0 or mjm.sensor_interval[i, 0] > 0:
+            _refuse(f"{sname}: delay / history / interval")
+        if typ == SensorType.RANGEFINDER:
+            for g in ray_geoms(mjm):
+                if mjm.geom_type[g] not in RAY_PRIMITIVES:
+                    gname = _name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g)
+                    _refuse(f"{sname}: rangefinder ray against {GEOM_NAMES[mjm.geom_type[g]]} geom {gname}")
+
+
 def _tuple(x) -> tuple[int, ...]:
     return tuple(int(v) for v in np.asarray(x).reshape(-1))
 
@@ -140,8 +169,12 @@ def put_model(
     *,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float64,
+    backward_mode: BackwardMode = BackwardMode.IMPLICIT,
 ) -> Model:
-    """Convert a ``mujoco.MjModel`` to a diffmj Model on ``device`` with float ``dtype``."""
+    """Convert a ``mujoco.MjModel`` to a diffmj Model on ``device`` with float ``dtype``.
+
+    ``backward_mode`` chooses how gradients pass through the constraint solver.
+    """
     if not isinstance(mjm, mujoco.MjModel):
         raise TypeError(f"put_model expects a mujoco.MjModel, got {type(mjm).__name__}")
     if not dtype.is_floating_point:
@@ -163,6 +196,7 @@ def put_model(
         o_solref=t(o.o_solref),
         o_solimp=t(o.o_solimp),
         o_friction=t(o.o_friction),
+        magnetic=t(o.magnetic),
         integrator=IntegratorType(o.integrator),
         cone=o.cone,
         solver=o.solver,
@@ -173,14 +207,17 @@ def put_model(
         disableactuator=int(o.disableactuator),
     )
 
-    fields = {}
+    fields = {"backward_mode": BackwardMode(backward_mode)}
     for f in Model._static_names:
+        if f == "backward_mode":
+            continue
         fields[f] = _tuple(getattr(mjm, f)) if not f.startswith("n") or "_" in f else int(getattr(mjm, f))
     fields["actuator_trnid"] = tuple((int(a), int(b)) for a, b in mjm.actuator_trnid)
     for f in Model._data_names:
         if f in ("stat_meaninertia",):
             fields[f] = t(mjm.stat.meaninertia)
-        elif f not in ("opt", "tree", "tendon_plan", "actuator_plan", "collision_plan", "constraint_plan"):
+        elif f not in ("opt", "tree", "tendon_plan", "actuator_plan", "collision_plan", "constraint_plan",
+                       "sensor_plan"):
             fields[f] = t(getattr(mjm, f))
     # MuJoCo stores these per-element scalars as [n, 1]
     for f in ("body_mass", "body_gravcomp", "jnt_stiffness", "jnt_margin", "geom_solmix",
@@ -190,13 +227,16 @@ def put_model(
               "dof_invweight0", "tendon_length0", "pair_margin", "pair_gap"):
         fields[f] = fields[f].reshape(-1)
     collision_plan = build_collision_plan(mjm, dtype, device)
+    constraint_plan = build_constraint_plan(mjm, collision_plan.contact_dim, dtype, device)
+    contact_geom = collision_plan.contact_geom.cpu().numpy()
     return Model(
         opt=opt,
         tree=build_tree_plan(mjm, dtype, device),
         tendon_plan=build_tendon_plan(mjm, device),
         actuator_plan=build_actuator_plan(mjm, dtype, device),
         collision_plan=collision_plan,
-        constraint_plan=build_constraint_plan(mjm, collision_plan.contact_dim, dtype, device),
+        constraint_plan=constraint_plan,
+        sensor_plan=build_sensor_plan(mjm, constraint_plan, contact_geom, dtype, device),
         **fields,
     )
 
@@ -273,6 +313,10 @@ def _zeros_data(m: Model, batch_shape: tuple[int, ...]) -> dict:
         "efc_vel": (nefc,),
         "efc_aref": (nefc,),
         "efc_force": (nefc,),
+        "sensordata": (m.nsensordata,),
+        "cacc": (nb, 6),
+        "cfrc_int": (nb, 6),
+        "cfrc_ext": (nb, 6),
     }
     fields = {k: torch.zeros((*batch_shape, *s), dtype=m.dtype, device=m.device) for k, s in shapes.items()}
     fields["efc_state"] = torch.zeros((*batch_shape, nefc), dtype=torch.long, device=m.device)
@@ -359,7 +403,7 @@ _GET_FIELDS = (
     "cdof", "cinert", "crb", "ten_length", "actuator_length", "ten_velocity",
     "actuator_velocity", "cvel", "cdof_dot", "qfrc_bias", "qfrc_spring", "qfrc_damper",
     "qfrc_gravcomp", "qfrc_passive", "actuator_force", "qfrc_actuator", "qfrc_smooth",
-    "qacc_smooth", "qfrc_constraint",
+    "qacc_smooth", "qfrc_constraint", "sensordata", "cacc", "cfrc_int", "cfrc_ext",
 )
 
 

@@ -1,4 +1,4 @@
-"""Index plans for tendons and actuators, computed once in ``put_model``.
+"""Index plans for tendons, actuators, constraint rows and sensors, computed once in ``put_model``.
 
 A plan turns MuJoCo's per-element type switches into a few groups of equal
 type, each with the index tensors its vectorised code gathers with, and 0/1
@@ -6,6 +6,8 @@ masks for choices that are cheaper to blend than to split.
 """
 
 from __future__ import annotations
+
+import enum
 
 import numpy as np
 import torch
@@ -320,4 +322,217 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
         nl=nl,
         nefc=len(efc_type),
         elliptic=elliptic,
+    )
+
+
+# ---------------------------------------------------------------- sensors
+
+
+class SensorType(enum.IntEnum):
+    """mjtSensor."""
+
+    TOUCH = 0
+    ACCELEROMETER = 1
+    VELOCIMETER = 2
+    GYRO = 3
+    FORCE = 4
+    TORQUE = 5
+    MAGNETOMETER = 6
+    RANGEFINDER = 7
+    CAMPROJECTION = 8
+    JOINTPOS = 9
+    JOINTVEL = 10
+    TENDONPOS = 11
+    TENDONVEL = 12
+    ACTUATORPOS = 13
+    ACTUATORVEL = 14
+    ACTUATORFRC = 15
+    JOINTACTFRC = 16
+    TENDONACTFRC = 17
+    BALLQUAT = 18
+    BALLANGVEL = 19
+    JOINTLIMITPOS = 20
+    JOINTLIMITVEL = 21
+    JOINTLIMITFRC = 22
+    TENDONLIMITPOS = 23
+    TENDONLIMITVEL = 24
+    TENDONLIMITFRC = 25
+    FRAMEPOS = 26
+    FRAMEQUAT = 27
+    FRAMEXAXIS = 28
+    FRAMEYAXIS = 29
+    FRAMEZAXIS = 30
+    FRAMELINVEL = 31
+    FRAMEANGVEL = 32
+    FRAMELINACC = 33
+    FRAMEANGACC = 34
+    SUBTREECOM = 35
+    SUBTREELINVEL = 36
+    SUBTREEANGMOM = 37
+    INSIDESITE = 38
+    GEOMDIST = 39
+    GEOMNORMAL = 40
+    GEOMFROMTO = 41
+    CONTACT = 42
+    E_POTENTIAL = 43
+    E_KINETIC = 44
+    CLOCK = 45
+    TACTILE = 46
+    PLUGIN = 47
+    USER = 48
+
+
+_S = SensorType
+SUPPORTED_SENSORS = frozenset(_S) - {
+    _S.CAMPROJECTION, _S.INSIDESITE, _S.GEOMDIST, _S.GEOMNORMAL, _S.GEOMFROMTO, _S.CONTACT,
+    _S.E_POTENTIAL, _S.E_KINETIC, _S.TACTILE, _S.PLUGIN, _S.USER,
+}
+RNE_POST_SENSORS = frozenset({_S.ACCELEROMETER, _S.FORCE, _S.TORQUE, _S.FRAMELINACC, _S.FRAMEANGACC})
+SUBTREE_VEL_SENSORS = frozenset({_S.SUBTREELINVEL, _S.SUBTREEANGMOM})
+LIMIT_SENSORS = {
+    _S.JOINTLIMITPOS: CNSTR_LIMIT_JOINT, _S.JOINTLIMITVEL: CNSTR_LIMIT_JOINT, _S.JOINTLIMITFRC: CNSTR_LIMIT_JOINT,
+    _S.TENDONLIMITPOS: CNSTR_LIMIT_TENDON, _S.TENDONLIMITVEL: CNSTR_LIMIT_TENDON, _S.TENDONLIMITFRC: CNSTR_LIMIT_TENDON,
+}
+# sensors whose reference frame (sensor_refid) changes their output
+REF_FRAME_SENSORS = frozenset({_S.FRAMEPOS, _S.FRAMEQUAT, _S.FRAMEXAXIS, _S.FRAMEYAXIS, _S.FRAMEZAXIS,
+                               _S.FRAMELINVEL, _S.FRAMEANGVEL})
+OBJ_NONE, OBJ_BODY, OBJ_XBODY, OBJ_GEOM, OBJ_SITE, OBJ_CAMERA = 0, 1, 2, 5, 6, 7
+STAGE_POS, STAGE_VEL, STAGE_ACC = 1, 2, 3
+RAY_PRIMITIVES = (0, 2, 3, 4, 5, 6)  # plane, sphere, capsule, ellipsoid, cylinder, box
+
+
+@pytree_dataclass
+class RayGeoms(PyTreeNode):
+    """Geoms of one type that the rays of a rangefinder group may hit."""
+
+    geom: Tensor  # [g]
+    exclude: Tensor  # [k, g] bool: the geom is on the body of the sensor's site (bodyexclude)
+    geom_type: int = static_field()
+
+
+@pytree_dataclass
+class SensorGroup(PyTreeNode):
+    """Sensors of one type, object type and reference type, evaluated together.
+
+    Type-specific fields are empty for other types.
+    """
+
+    sensor: Tensor  # [k] sensor ids
+    adr: Tensor  # [k, dim] sensordata address of each output
+    obj: Tensor  # [k] sensor_objid
+    ref: Tensor  # [k] sensor_refid (0 when there is no reference frame)
+    rows: Tensor  # [k, 2] limit sensors: the limit's efc rows in MuJoCo's order, nefc where absent
+    pairs: Tensor  # [p, 2] touch: (position in the group, contact slot) of slots touching its body
+    pair_sign: Tensor  # [p] touch: -1 where the sensor's body is the slot's second body, else 1
+    ray: tuple[RayGeoms, ...]  # rangefinder: geoms by type
+    type: int = static_field()
+    objtype: int = static_field()
+    reftype: int = static_field()  # OBJ_NONE without a reference frame
+    dim: int = static_field()
+    datatype: int = static_field()  # mjtDataType: how cutoff applies
+    dataspec: int = static_field()  # rangefinder: bits of mjtRayDataField
+    pair_site_types: tuple[tuple[int, int], ...] = static_field()  # touch: (site type, pairs), in order
+
+
+@pytree_dataclass
+class SensorPlan(PyTreeNode):
+    """Sensors grouped by computation stage, then by type (engine_sensor.c)."""
+
+    pos: tuple[SensorGroup, ...]
+    vel: tuple[SensorGroup, ...]
+    acc: tuple[SensorGroup, ...]
+    rne_post: bool = static_field()  # an acceleration sensor needs mj_rnePostConstraint
+    subtree_vel: bool = static_field()  # a velocity sensor needs mj_subtreeVel
+
+
+def ray_geoms(mjm) -> list[int]:
+    """Geoms a rangefinder ray may hit: visible ones (mj_ray with flg_static, no geomgroup)."""
+    out = []
+    for g in range(mjm.ngeom):
+        mat = mjm.geom_matid[g]
+        alpha = mjm.mat_rgba[mat, 3] if mat >= 0 else mjm.geom_rgba[g, 3]
+        if alpha != 0:
+            out.append(g)
+    return out
+
+
+def build_sensor_plan(mjm, constraint_plan: ConstraintPlan, contact_geom: np.ndarray, dtype, device) -> SensorPlan:
+    """Group the model's sensors; ``contact_geom`` [ncon, 2] are the geoms of each contact slot."""
+    keys: dict[tuple, list[int]] = {}
+    for i in range(mjm.nsensor):
+        typ = int(mjm.sensor_type[i])
+        has_ref = typ in REF_FRAME_SENSORS and mjm.sensor_refid[i] >= 0
+        key = (
+            int(mjm.sensor_needstage[i]), typ, int(mjm.sensor_objtype[i]),
+            int(mjm.sensor_reftype[i]) if has_ref else OBJ_NONE,
+            int(mjm.sensor_intprm[i, 0]) if typ == _S.RANGEFINDER else 0,
+        )
+        keys.setdefault(key, []).append(i)
+    stages = {STAGE_POS: [], STAGE_VEL: [], STAGE_ACC: []}
+    for (stage, typ, objtype, reftype, dataspec), ids in keys.items():
+        stages[stage].append(_sensor_group(mjm, ids, typ, objtype, reftype, dataspec, constraint_plan,
+                                           contact_geom, dtype, device))
+    types = set(int(t) for t in mjm.sensor_type)
+    return SensorPlan(
+        pos=tuple(stages[STAGE_POS]),
+        vel=tuple(stages[STAGE_VEL]),
+        acc=tuple(stages[STAGE_ACC]),
+        rne_post=bool(types & RNE_POST_SENSORS),
+        subtree_vel=bool(types & SUBTREE_VEL_SENSORS),
+    )
+
+
+def _sensor_group(mjm, ids, typ, objtype, reftype, dataspec, constraint_plan, contact_geom, dtype, device):
+    """One group of sensors ``ids`` sharing type, object / reference type and (rangefinder) dataspec."""
+    dims = {int(mjm.sensor_dim[i]) for i in ids}
+    datatypes = {int(mjm.sensor_datatype[i]) for i in ids}
+    assert len(dims) == 1 and len(datatypes) == 1, "one sensor group has one output size and data type"
+    dim = dims.pop()
+    obj = mjm.sensor_objid[ids]
+    rows = np.zeros((len(ids), 0), dtype=int)
+    if typ in LIMIT_SENSORS:
+        kinds, efc_ids = np.asarray(constraint_plan.efc_type), np.asarray(constraint_plan.efc_id)
+        rows = np.full((len(ids), 2), constraint_plan.nefc)
+        for k, j in enumerate(obj):
+            found = np.flatnonzero((kinds == LIMIT_SENSORS[typ]) & (efc_ids == j))
+            rows[k, : len(found)] = found
+    pairs = []  # (site type, position in the group, slot, sign), sorted by site type
+    if typ == _S.TOUCH:
+        contact_body = mjm.geom_bodyid[contact_geom] if len(contact_geom) else np.zeros((0, 2), dtype=int)
+        for k, site in enumerate(obj):
+            body = mjm.site_bodyid[site]
+            for slot in np.flatnonzero((contact_body == body).any(-1)):
+                pairs.append((int(mjm.site_type[site]), k, slot, -1.0 if contact_body[slot, 1] == body else 1.0))
+        pairs.sort(key=lambda pair: pair[0])
+    site_types = [pair[0] for pair in pairs]
+    ray = ()
+    if typ == _S.RANGEFINDER:
+        candidates = ray_geoms(mjm)
+        site_body = mjm.site_bodyid[obj]
+        ray = tuple(
+            RayGeoms(
+                geom=_long(geoms, device),
+                exclude=torch.as_tensor(site_body[:, None] == mjm.geom_bodyid[geoms][None], device=device),
+                geom_type=t,
+            )
+            for t in RAY_PRIMITIVES
+            if (geoms := [g for g in candidates if mjm.geom_type[g] == t])
+        )
+    adr = mjm.sensor_adr[ids][:, None] + np.arange(dim)
+    return SensorGroup(
+        sensor=_long(ids, device),
+        adr=_long(adr, device).reshape(len(ids), dim),
+        obj=_long(obj, device),
+        ref=_long(np.maximum(mjm.sensor_refid[ids], 0), device),
+        rows=_long(rows, device).reshape(len(ids), -1),
+        pairs=_long([pair[1:3] for pair in pairs], device).reshape(-1, 2),
+        pair_sign=_floats([pair[3] for pair in pairs], dtype, device),
+        ray=ray,
+        type=typ,
+        objtype=objtype,
+        reftype=reftype,
+        dim=dim,
+        datatype=datatypes.pop(),
+        dataspec=dataspec,
+        pair_site_types=tuple((t, site_types.count(t)) for t in sorted(set(site_types))),
     )

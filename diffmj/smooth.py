@@ -153,13 +153,15 @@ def crb(m: Model, d: Data) -> Data:
     qm = lower + lower.transpose(-1, -2) - torch.diag_embed(torch.diagonal(lower, 0, -2, -1))
     qm = qm + torch.diag_embed(m.dof_armature)
     if m.ntendon:
-        qm = qm + d.ten_J.transpose(-1, -2) @ (m.tendon_armature[:, None] * d.ten_J)
+        # like MuJoCo, only within M's sparsity (dofs on one kinematic chain)
+        armature = d.ten_J.transpose(-1, -2) @ (m.tendon_armature[:, None] * d.ten_J)
+        qm = qm + armature * tree.dof_chain
     return d.replace(crb=composite, qM=qm)
 
 
 def factor_m(m: Model, d: Data) -> Data:
     """Cholesky factor of qM (mj_factorM; dense here)."""
-    return d.replace(qLD=torch.linalg.cholesky(d.qM))
+    return d.replace(qLD=math.cholesky(d.qM))
 
 
 def solve_m(m: Model, d: Data, x: Tensor) -> Tensor:
@@ -270,9 +272,96 @@ def transmission(m: Model, d: Data) -> Data:
         wrench_torque = (site_mat @ gear[plan.site_act, 3:, None])[..., 0]
         jacp, jacr = jac(m, d, d.site_xpos[plan.site_id], plan.site_body)
         moment = (jacp * wrench_force[..., None]).sum(1) + (jacr * wrench_torque[..., None]).sum(1)
-        lengths.append(torch.zeros_like(moment[:, 0]))
+        lengths.append(torch.zeros_like(wrench_force[:, 0]))
         moments.append(moment)
 
     length = torch.cat(lengths)[plan.order]
     moment = torch.cat(moments)[plan.order]
     return d.replace(actuator_length=length, actuator_moment=moment)
+
+
+def contact_force(m: Model, d: Data) -> Tensor:
+    """Force and torque of each contact slot in its contact frame (mj_contactForce). [ncon, 6]
+
+    Pyramidal cones store forces along pairs of opposing edges; the frame
+    components are recovered as normal = sum of edge forces and tangent
+    i = (f_2i - f_2i+1) * friction_i. Empty and inactive slots give zero.
+    """
+    out = d.efc_force.new_zeros(m.collision_plan.ncon, 6)
+    plan = m.constraint_plan
+    for group in plan.contacts:
+        rows = group.row[:, None] + torch.arange(group.rows_per_contact, device=group.row.device)
+        force = d.efc_force[rows]  # [k, rows_per_contact]
+        if group.dim > 1 and not plan.elliptic:
+            tangent = (force[:, 0::2] - force[:, 1::2]) * d.contact.friction[group.slot, : group.dim - 1]
+            force = torch.cat((force.sum(-1, keepdim=True), tangent), -1)
+        out = out.index_copy(0, group.slot, torch.nn.functional.pad(force, (0, 6 - group.dim)))
+    return out
+
+
+def _equality_wrenches(m: Model, d: Data) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """World torque:force that connect / weld rows exert on their first body, and the anchors.
+
+    Returns wrench [k, 6], point1 / point2 [k, 3] (the anchors on both bodies, where the
+    force acts), body1 / body2 [k]; the second body receives the opposite wrench. A weld's
+    rotational rows f act as the torque (dr/domega)' f = torquescale / 2 Im(q0r (0, f) neg(q1)),
+    with q0r = xquat1 * relpose and neg(q1) = conj(xquat2), the terms of the rows' error.
+    """
+    plan = m.constraint_plan
+    parts = []
+    first = 0
+    for eq, weld in ((plan.connect_eq, False), (plan.weld_eq, True)):
+        n = 6 if weld else 3
+        force = d.efc_force[first : first + n * eq.shape[0]].reshape(-1, n)
+        first += n * eq.shape[0]
+        data = m.eq_data[eq]
+        b1, b2 = plan.eq_obj1[eq], plan.eq_obj2[eq]
+        torque = torch.zeros_like(force[:, :3])
+        if weld:
+            q0r = math.quat_mul(d.xquat[b1], data[:, 6:10])
+            rows = torch.cat((torch.zeros_like(force[:, :1]), force[:, 3:]), -1)
+            torque = 0.5 * data[:, 10:11] * math.quat_mul(math.quat_mul(q0r, rows), math.quat_conj(d.xquat[b2]))[:, 1:]
+        local1, local2 = (data[:, 3:6], data[:, :3]) if weld else (data[:, :3], data[:, 3:6])
+        point1 = d.xpos[b1] + math.mat_vec(d.xmat[b1], local1)
+        point2 = d.xpos[b2] + math.mat_vec(d.xmat[b2], local2)
+        parts.append((torch.cat((torque, force[:, :3]), -1), point1, point2, b1, b2))
+    return tuple(torch.cat(p) for p in zip(*parts))
+
+
+def rne_post_constraint(m: Model, d: Data) -> Data:
+    """Body accelerations and forces after the constraint solve (mj_rnePostConstraint).
+
+    cacc [nbody, 6]: com-based acceleration, -gravity for the world.
+    cfrc_ext [nbody, 6]: xfrc_applied, contact and connect / weld forces on each body,
+    as com-based torque:force (zero for the world).
+    cfrc_int [nbody, 6]: force each body receives from its parent, summed over subtrees.
+    """
+    tree = m.tree
+    cacc = tree.body_dof_ancestor @ (d.cdof_dot * d.qvel[:, None] + d.cdof * d.qacc[:, None])
+    if not m.opt.disabled(DisableBit.GRAVITY):
+        cacc = cacc + torch.cat((torch.zeros_like(m.opt.gravity), -m.opt.gravity))
+    com = d.subtree_com[tree.body_rootid]  # [nbody, 3] com each body's wrenches refer to
+
+    def to_com(wrench: Tensor, point: Tensor, body: Tensor) -> Tensor:
+        return math.transform_force(wrench, com[body], point)
+
+    xfrc = d.xfrc_applied
+    ext = math.transform_force(torch.cat((xfrc[:, 3:], xfrc[:, :3]), -1), com, d.xipos)
+    if m.collision_plan.ncon:
+        local = contact_force(m, d)
+        frame = d.contact.frame
+        wrench = torch.cat((math.mat_t_vec(frame, local[:, 3:]), math.mat_t_vec(frame, local[:, :3])), -1)
+        geom = m.collision_plan.contact_geom
+        body1, body2 = tree.geom_bodyid[geom[:, 0]], tree.geom_bodyid[geom[:, 1]]
+        pos = d.contact.pos
+        ext = ext.index_add(0, body1, -to_com(wrench, pos, body1)).index_add(0, body2, to_com(wrench, pos, body2))
+    if m.constraint_plan.connect_eq.shape[0] or m.constraint_plan.weld_eq.shape[0]:
+        wrench, point1, point2, body1, body2 = _equality_wrenches(m, d)
+        ext = ext.index_add(0, body1, to_com(wrench, point1, body1))
+        ext = ext.index_add(0, body2, -to_com(wrench, point2, body2))
+    world = torch.arange(m.nbody, device=ext.device)[:, None] == 0
+    ext = torch.where(world, 0.0, ext)
+
+    inertial = math.inert_mul(d.cinert, cacc) + math.cross_force(d.cvel, math.inert_mul(d.cinert, d.cvel))
+    cfrc_int = tree.body_subtree @ torch.where(world, 0.0, inertial - ext)
+    return d.replace(cacc=cacc, cfrc_int=cfrc_int, cfrc_ext=ext)

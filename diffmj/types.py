@@ -25,7 +25,7 @@ from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
 from diffmj.collision.plan import CollisionPlan
-from diffmj.plan import ActuatorPlan, ConstraintPlan, TendonPlan
+from diffmj.plan import ActuatorPlan, ConstraintPlan, SensorPlan, TendonPlan
 from diffmj.tree import TreePlan
 
 
@@ -54,6 +54,18 @@ class IntegratorType(enum.IntEnum):
     IMPLICIT = 2
     IMPLICITFAST = 3
     DISCRETE = 4
+
+
+class BackwardMode(enum.Enum):
+    """How gradients pass through the constraint solver.
+
+    IMPLICIT: implicit-function-theorem adjoint at the optimum (one Hessian solve;
+    cost independent of the solver's iterations). UNROLL: backpropagate through
+    every solver iteration as executed.
+    """
+
+    IMPLICIT = "implicit"
+    UNROLL = "unroll"
 
 
 class SolverType(enum.IntEnum):
@@ -154,6 +166,7 @@ class Option(PyTreeNode):
     o_solref: Tensor  # [2]
     o_solimp: Tensor  # [5]
     o_friction: Tensor  # [5]
+    magnetic: Tensor  # [3] global magnetic flux (magnetometer sensors)
     integrator: IntegratorType = static_field()
     cone: ConeType = static_field()
     solver: SolverType = static_field()
@@ -193,14 +206,18 @@ class Model(PyTreeNode):
     nwrap: int = static_field()
     neq: int = static_field()
     npair: int = static_field()
+    nsensor: int = static_field()
+    nsensordata: int = static_field()
 
     # ---- options and derived index plans
     opt: Option
+    backward_mode: BackwardMode = static_field()
     tree: TreePlan
     tendon_plan: TendonPlan
     actuator_plan: ActuatorPlan
     collision_plan: CollisionPlan
     constraint_plan: ConstraintPlan
+    sensor_plan: SensorPlan
 
     # ---- bodies
     body_parentid: tuple[int, ...] = static_field()
@@ -269,8 +286,10 @@ class Model(PyTreeNode):
     geom_gap: Tensor  # [ngeom]
     geom_rbound: Tensor  # [ngeom]
     site_bodyid: tuple[int, ...] = static_field()
+    site_type: tuple[int, ...] = static_field()
     site_pos: Tensor  # [nsite, 3]
     site_quat: Tensor  # [nsite, 4]
+    site_size: Tensor  # [nsite, 3]
 
     # ---- tendons (fixed)
     tendon_adr: tuple[int, ...] = static_field()
@@ -336,6 +355,18 @@ class Model(PyTreeNode):
     actuator_ctrlrange: Tensor  # [nu, 2]
     actuator_forcerange: Tensor  # [nu, 2]
     actuator_actrange: Tensor  # [nu, 2]
+
+    # ---- sensors (m.sensor_plan groups them by type)
+    sensor_type: tuple[int, ...] = static_field()
+    sensor_datatype: tuple[int, ...] = static_field()
+    sensor_needstage: tuple[int, ...] = static_field()
+    sensor_objtype: tuple[int, ...] = static_field()
+    sensor_objid: tuple[int, ...] = static_field()
+    sensor_reftype: tuple[int, ...] = static_field()
+    sensor_refid: tuple[int, ...] = static_field()
+    sensor_dim: tuple[int, ...] = static_field()
+    sensor_adr: tuple[int, ...] = static_field()
+    sensor_cutoff: Tensor  # [nsensor] clamp of the output; 0 for none
 
     @property
     def dtype(self) -> torch.dtype:
@@ -448,3 +479,8 @@ class Data:
     efc_aref: Tensor  # [nefc]
     efc_force: Tensor  # [nefc]
     efc_state: Tensor  # [nefc] int (mjtConstraintState)
+    # ---- sensors and mj_rnePostConstraint (filled only when an acceleration sensor needs them)
+    sensordata: Tensor  # [nsensordata]
+    cacc: Tensor  # [nbody, 6] com-based acceleration
+    cfrc_int: Tensor  # [nbody, 6] com-based interaction force with the parent body
+    cfrc_ext: Tensor  # [nbody, 6] com-based external force on the body

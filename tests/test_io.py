@@ -57,14 +57,14 @@ REFUSED = {
     "fluid": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
 }
 EXTRA = {
-    "sensors": '<sensor><jointpos joint="j"/></sensor>',
+    "sensors": '<sensor><user name="u" dim="1"/></sensor>',
     "muscle": '<actuator><muscle joint="j" lengthrange="-1 1"/></actuator>',
 }
 OPTION = {"fluid": '<option density="1.2"/>', "pgs": '<option solver="PGS"/>'}
 MESSAGE = {
     "convex pair": "geom pair 'a' \\(capsule\\) - 'b' \\(ellipsoid\\): collision",
     "pgs": "solver 'PGS'",
-    "sensors": "sensors",
+    "sensors": "sensor 'u': type 'user'",
     "muscle": "actuator #0: dynamics 'muscle'",
     "fluid": "fluid forces",
 }
