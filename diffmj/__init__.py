@@ -2,7 +2,10 @@
 
 from diffmj.forward import forward, step
 from diffmj.io import get_data, get_data_into, load, make_data, put_data, put_model
+from diffmj.rollout import rollout
+from diffmj import grad
 from diffmj.types import (
+    BackwardMode,
     BiasType,
     ConeType,
     Data,
@@ -20,6 +23,7 @@ from diffmj.types import (
 )
 
 __all__ = [
+    "BackwardMode",
     "BiasType",
     "ConeType",
     "Data",
@@ -35,11 +39,13 @@ __all__ = [
     "SolverType",
     "TrnType",
     "forward",
+    "grad",
     "get_data",
     "get_data_into",
     "load",
     "make_data",
     "put_data",
     "put_model",
+    "rollout",
     "step",
 ]

@@ -1,0 +1,163 @@
+"""Checkpointed rollouts: O(sqrt(T)) memory for the gradient of a T-step trajectory.
+
+The forward pass runs every step without a tape and keeps only the states at
+segment boundaries. The backward pass walks the segments in reverse: it
+re-runs one segment from its stored boundary state under ``torch.func.vjp``
+and pulls back the cotangents of that segment's outputs together with the
+cotangent of its final state. Peak memory is one segment's tape plus the
+boundary states; the gradient equals the full-tape gradient.
+
+It is a new-style ``torch.autograd.Function`` (setup_context, generated vmap
+rule) over flat tensors, so it composes with ``torch.func.grad`` / ``vjp`` /
+``vmap``, and with the solver's implicit adjoint inside every step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor
+
+from diffmj.forward import _step
+from diffmj.io import make_data
+from diffmj.types import Data, Model
+
+# Data fields a step reads: the state it advances and the inputs it holds constant.
+STATE_FIELDS = ("qpos", "qvel", "act", "qacc_warmstart", "time")
+INPUT_FIELDS = ("qfrc_applied", "xfrc_applied", "mocap_pos", "mocap_quat", "eq_active")
+
+
+class Layout(NamedTuple):
+    """Static description of the flat argument list of a checkpointed rollout."""
+
+    model_spec: pytree.TreeSpec
+    n_model: int  # model leaves
+    n_input: int  # constant-input fields
+    segment: int  # steps per segment
+    horizon: int  # T
+
+
+def run_steps(m: Model, d: Data, ctrl: Tensor) -> tuple[Data, Data]:
+    """Step d through ctrl [T, nu]; returns (trajectory with batch [T], last Data)."""
+    outs = []
+    for t in range(ctrl.shape[0]):
+        d = _step(m, d.replace(ctrl=ctrl[t]))
+        outs.append(d)
+    return torch.stack(outs), d
+
+
+def _initial(m: Model, inputs, state) -> Data:
+    """A Data holding only what a step reads: the constant inputs and the state."""
+    d = make_data(m)
+    return d.replace(**dict(zip(INPUT_FIELDS, inputs)), **dict(zip(STATE_FIELDS, state)))
+
+
+class CheckpointedRollout(torch.autograd.Function):
+    """(model leaves, inputs, state, ctrl) -> flattened trajectory, with segment recomputation."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(layout: Layout, *flat: Tensor):
+        m, inputs, state, ctrl = _unpack(layout, flat)
+        d = _initial(m, inputs, state)
+        outs, boundaries = [], []
+        for start in range(0, layout.horizon, layout.segment):
+            boundaries.extend(getattr(d, name).clone() for name in STATE_FIELDS)
+            traj, d = run_steps(m, d, ctrl[start : start + layout.segment])
+            outs.append(traj)
+        leaves = pytree.tree_flatten(torch.cat(outs))[0]
+        return (*leaves, *boundaries)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        layout, *flat = inputs
+        n_out = len(output) - _n_boundaries(layout)
+        ctx.layout, ctx.n_out = layout, n_out
+        ctx.float_out = [i for i in range(n_out) if output[i].is_floating_point()]
+        ctx.mark_non_differentiable(*(o for i, o in enumerate(output) if i >= n_out or not o.is_floating_point()))
+        ctx.save_for_backward(*flat, *output[n_out:])
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        layout = ctx.layout
+        saved = ctx.saved_tensors
+        flat, boundaries = saved[: len(saved) - _n_boundaries(layout)], saved[len(saved) - _n_boundaries(layout) :]
+        m_leaves = list(flat[: layout.n_model])
+        inputs = list(flat[layout.n_model : layout.n_model + layout.n_input])
+        ctrl = flat[-1]
+        grads_out = [grad_outputs[i] for i in ctx.float_out]
+        float_out = ctx.float_out
+        differentiable = [i for i, t in enumerate(m_leaves) if t.is_floating_point()]
+        input_float = [i for i, t in enumerate(inputs) if t.is_floating_point()]
+
+        def segment_fn(state, ctrl_seg, model_float, input_vals):
+            leaves = list(m_leaves)
+            for i, t in zip(differentiable, model_float):
+                leaves[i] = t
+            ins = list(inputs)
+            for i, t in zip(input_float, input_vals):
+                ins[i] = t
+            m = pytree.tree_unflatten(leaves, layout.model_spec)
+            traj, last = run_steps(m, _initial(m, ins, state), ctrl_seg)
+            leaves = pytree.tree_flatten(traj)[0]
+            return [leaves[i] for i in float_out], [getattr(last, name) for name in STATE_FIELDS]
+
+        nstate = len(STATE_FIELDS)
+        g_state = None
+        g_ctrl = torch.zeros_like(ctrl)
+        g_model = [torch.zeros_like(m_leaves[i]) for i in differentiable]
+        g_inputs = [torch.zeros_like(inputs[i]) for i in input_float]
+        starts = list(range(0, layout.horizon, layout.segment))
+        for k in reversed(range(len(starts))):
+            start = starts[k]
+            stop = min(start + layout.segment, layout.horizon)
+            state = [t for t in boundaries[k * nstate : (k + 1) * nstate]]
+            (outs, last), vjp = torch.func.vjp(
+                segment_fn,
+                state,
+                ctrl[start:stop],
+                [m_leaves[i] for i in differentiable],
+                [inputs[i] for i in input_float],
+            )
+            g_outs = [g[start:stop] for g in grads_out]
+            g_last = g_state if g_state is not None else [torch.zeros_like(t) for t in last]
+            g_in_state, g_ctrl_seg, g_model_seg, g_inputs_seg = vjp((g_outs, g_last))
+            g_state = g_in_state
+            g_ctrl = torch.cat((g_ctrl[:start], g_ctrl_seg, g_ctrl[stop:]))
+            g_model = [a + b for a, b in zip(g_model, g_model_seg)]
+            g_inputs = [a + b for a, b in zip(g_inputs, g_inputs_seg)]
+        model_grads = [None] * layout.n_model
+        for i, g in zip(differentiable, g_model):
+            model_grads[i] = g
+        input_grads = [None] * layout.n_input
+        for i, g in zip(input_float, g_inputs):
+            input_grads[i] = g
+        state_grads = [g if t.is_floating_point() else None for g, t in zip(g_state, boundaries[:nstate])]
+        return (None, *model_grads, *input_grads, *state_grads, g_ctrl)
+
+
+def _n_boundaries(layout: Layout) -> int:
+    return len(STATE_FIELDS) * math.ceil(layout.horizon / layout.segment)
+
+
+def _unpack(layout: Layout, flat):
+    m = pytree.tree_unflatten(list(flat[: layout.n_model]), layout.model_spec)
+    inputs = flat[layout.n_model : layout.n_model + layout.n_input]
+    state = flat[layout.n_model + layout.n_input : -1]
+    return m, inputs, state, flat[-1]
+
+
+def checkpointed_rollout(m: Model, d: Data, ctrl: Tensor, segment: int) -> Data:
+    """Trajectory of an unbatched d under ctrl [T, nu], recomputing segments of ``segment`` steps."""
+    horizon = ctrl.shape[0]
+    m_leaves, model_spec = pytree.tree_flatten(m)
+    layout = Layout(model_spec=model_spec, n_model=len(m_leaves), n_input=len(INPUT_FIELDS),
+                    segment=segment, horizon=horizon)
+    flat = (*m_leaves, *(getattr(d, n) for n in INPUT_FIELDS), *(getattr(d, n) for n in STATE_FIELDS), ctrl)
+    out = CheckpointedRollout.apply(layout, *flat)
+    spec = pytree.tree_flatten(make_data(m, (horizon,)))[1]
+    return pytree.tree_unflatten(list(out[: len(out) - _n_boundaries(layout)]), spec)

@@ -1,0 +1,270 @@
+"""Gradients: implicit adjoint vs unrolled solver vs finite differences; transforms; memory."""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+import pytest
+import torch
+
+import diffmj
+from tests.conftest import SHARED_MODELS, assert_close, mj_model, settled_state
+from tests.test_solver import converged
+
+IMPLICIT, UNROLL = diffmj.BackwardMode.IMPLICIT, diffmj.BackwardMode.UNROLL
+
+
+def _loss_grads(mjm, mjd, mode):
+    """Gradients of a loss on qacc and the constraint forces w.r.t. state and parameters."""
+    m = diffmj.put_model(mjm, backward_mode=mode)
+    d = diffmj.put_data(m, mjd)
+    params = {
+        "qpos": d.qpos,
+        "qvel": d.qvel,
+        "body_mass": m.body_mass,
+        "geom_friction": m.geom_friction,
+        "geom_solref": m.geom_solref,
+        "geom_solimp": m.geom_solimp,
+    }
+    params = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    model = m.replace(**{k: v for k, v in params.items() if k not in ("qpos", "qvel")})
+    out = diffmj.forward(model, d.replace(qpos=params["qpos"], qvel=params["qvel"]))
+    weights = torch.linspace(-1, 1, m.nv, dtype=m.dtype)
+    loss = (out.qacc * weights).sum() + 1e-3 * (out.efc_force**2).sum()
+    return dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
+
+
+def _assert_grads_close(ours, theirs, tol, what):
+    for name in ours:
+        scale = float(theirs[name].abs().max()) + 1e-12
+        err = float((ours[name] - theirs[name]).abs().max()) / scale
+        assert err <= tol, f"{name}: {what} relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
+def test_implicit_equals_unrolled(cone):
+    mjm = converged(mj_model("contacts"), cone)
+    for steps in (100, 250):
+        mjd = settled_state(mjm, steps)
+        _assert_grads_close(_loss_grads(mjm, mjd, IMPLICIT), _loss_grads(mjm, mjd, UNROLL), 1e-8, "implicit vs unrolled")
+
+
+def test_implicit_cg_equals_implicit_newton():
+    """CG reaches the same optimum, so its adjoint gives Newton's gradient (unrolling CG's
+    iterations converges far more slowly than its iterates do)."""
+    newton = converged(mj_model("contacts"))
+    cg = converged(mj_model("contacts"), solver="cg")
+    mjd = settled_state(newton, 250)
+    _assert_grads_close(_loss_grads(cg, mjd, IMPLICIT), _loss_grads(newton, mjd, IMPLICIT), 1e-8, "CG vs Newton")
+
+
+def test_implicit_matches_finite_differences():
+    """d loss / d (qvel, geom friction) at a state with sliding and resting contacts."""
+    mjm = converged(mj_model("contacts"), "elliptic")
+    mjd = settled_state(mjm, 250)
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, mjd)
+    weights = torch.linspace(-1, 1, m.nv, dtype=m.dtype)
+
+    def loss(qvel, friction):
+        out = diffmj.forward(m.replace(geom_friction=friction), d.replace(qvel=qvel))
+        return (out.qacc * weights).sum()
+
+    qvel, friction = d.qvel.clone().requires_grad_(True), m.geom_friction.clone().requires_grad_(True)
+    grads = torch.autograd.grad(loss(qvel, friction), (qvel, friction))
+    # directional derivatives along random directions
+    gen = torch.Generator().manual_seed(0)
+    eps = 1e-6
+    for _ in range(3):
+        dirs = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in (d.qvel, m.geom_friction)]
+        fd = (loss(d.qvel + eps * dirs[0], m.geom_friction + eps * dirs[1])
+              - loss(d.qvel - eps * dirs[0], m.geom_friction - eps * dirs[1])) / (2 * eps)
+        analytic = sum((g * v).sum() for g, v in zip(grads, dirs))
+        assert_close("directional derivative", analytic, fd, 1e-6)
+
+
+@pytest.fixture(scope="module")
+def arm_on_box():
+    """A small contact model: a box on a plane with an actuated capsule arm."""
+    xml = """
+    <mujoco><option timestep="0.005" iterations="6" ls_iterations="8"/>
+      <worldbody><geom type="plane" size="2 2 .1"/>
+        <body pos="0 0 .12"><freejoint/><geom type="box" size=".1 .1 .1"/>
+          <body pos=".1 0 0"><joint name="j" axis="0 1 0" range="-1 1"/>
+            <geom type="capsule" fromto="0 0 0 .2 0 0" size=".03"/></body></body>
+      </worldbody><actuator><motor joint="j"/></actuator></mujoco>"""
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, settled_state(mjm, 40))
+    assert bool(diffmj.forward(m, d).efc_active.any())
+    return m, d
+
+
+def _step_loss(m, d):
+    def loss(ctrl):
+        out = diffmj.step(m, d.replace(ctrl=ctrl))
+        return (out.qvel**2).sum(), out.qpos
+
+    return loss
+
+
+def test_func_transforms_eager(arm_on_box):
+    m, d = arm_on_box
+    loss = _step_loss(m, d)
+    grad, _ = torch.func.grad(loss, has_aux=True)(d.ctrl)
+    eps = 1e-6
+    fd = (loss(d.ctrl + eps)[0] - loss(d.ctrl - eps)[0]) / (2 * eps)
+    assert_close("grad vs finite difference", grad, fd[None], 1e-6)
+
+    def next_qvel(qvel):
+        return diffmj.step(m, d.replace(qvel=qvel)).qvel
+
+    assert_close("jacrev vs jacfwd", torch.func.jacrev(next_qvel)(d.qvel), torch.func.jacfwd(next_qvel)(d.qvel), 1e-10)
+    ctrls = torch.linspace(-0.5, 0.5, 3, dtype=m.dtype)[:, None]
+    batched, _ = torch.vmap(torch.func.grad(loss, has_aux=True))(ctrls)
+    for i in range(3):
+        assert_close("vmap(grad)", batched[i], torch.func.grad(loss, has_aux=True)(ctrls[i])[0], 1e-12)
+
+
+def test_compiled_vmap_grad_on_contact_model(arm_on_box):
+    """torch.compile(vmap(grad(loss through step)), fullgraph=True), inductor, equals eager."""
+    m, d = arm_on_box
+    loss = _step_loss(m, d)
+    ctrls = torch.linspace(-0.5, 0.5, 3, dtype=m.dtype)[:, None]
+    eager = torch.vmap(torch.func.grad(loss, has_aux=True))(ctrls)
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.vmap(torch.func.grad(loss, has_aux=True)), fullgraph=True)(ctrls)
+    assert_close("grad", compiled[0], eager[0], 1e-10)
+    assert_close("next qpos", compiled[1], eager[1], 1e-10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transform", ["grad", "jacrev", "jacfwd"])
+def test_compiled_transforms(arm_on_box, transform):
+    m, d = arm_on_box
+
+    def next_qvel(qvel):
+        return diffmj.step(m, d.replace(qvel=qvel)).qvel
+
+    fn = {
+        "grad": torch.func.grad(lambda v: next_qvel(v).sum()),
+        "jacrev": torch.func.jacrev(next_qvel),
+        "jacfwd": torch.func.jacfwd(next_qvel),
+    }[transform]
+    torch._dynamo.reset()
+    assert_close(transform, torch.compile(fn, fullgraph=True)(d.qvel), fn(d.qvel), 1e-10)
+
+
+def _saved_bytes(fn) -> int:
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def test_backward_memory_independent_of_iterations():
+    mjm = mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "humanoid.xml"))
+    mjd = settled_state(mjm, 150)
+    mjm.opt.tolerance = 0  # run every iteration
+    saved = {}
+    for mode in (IMPLICIT, UNROLL):
+        for iterations in (1, 50):
+            mjm.opt.iterations = iterations
+            m = diffmj.put_model(mjm, backward_mode=mode)
+            d = diffmj.put_data(m, mjd)
+            ctrl = d.ctrl.clone().requires_grad_(True)
+            saved[mode, iterations] = _saved_bytes(lambda: diffmj.step(m, d.replace(ctrl=ctrl)))
+    ratio = saved[IMPLICIT, 50] / saved[IMPLICIT, 1]
+    assert abs(ratio - 1) <= 0.05, f"implicit saved bytes grow {ratio:.3f}x from 1 to 50 iterations"
+    assert saved[UNROLL, 50] > 2 * saved[UNROLL, 1]  # the tape of unrolled iterations does grow
+
+
+def _central_jacobian(f, x0: np.ndarray, eps: float) -> np.ndarray:
+    columns = []
+    for i in range(x0.size):
+        dx = np.zeros_like(x0)
+        dx[i] = eps
+        columns.append((f(x0 + dx) - f(x0 - dx)) / (2 * eps))
+    return np.stack(columns, -1)
+
+
+def _mujoco_step_jacobian(mjm, mjd, eps=1e-6):
+    """Centered finite differences of mujoco.mj_step in mjd_transitionFD's tangent convention."""
+    nv, na = mjm.nv, mjm.na
+    nominal = mujoco.MjData(mjm)
+
+    def run(dx, ctrl):
+        data = mujoco.MjData(mjm)
+        data.qpos[:] = mjd.qpos
+        mujoco.mj_integratePos(mjm, data.qpos, dx[:nv], 1.0)
+        data.qvel[:] = mjd.qvel + dx[nv : 2 * nv]
+        data.act[:] = mjd.act + dx[2 * nv :]
+        data.ctrl[:] = ctrl
+        data.qacc_warmstart[:] = mjd.qacc_warmstart
+        data.time = mjd.time
+        mujoco.mj_step(mjm, data)
+        tangent = np.zeros(nv)
+        mujoco.mj_differentiatePos(mjm, tangent, 1.0, nominal.qpos, data.qpos)
+        return np.concatenate((tangent, data.qvel, data.act))
+
+    x0 = np.zeros(2 * nv + na)
+    nominal.qpos[:] = mjd.qpos
+    base = mujoco.MjData(mjm)
+    base.qpos[:], base.qvel[:], base.act[:], base.ctrl[:] = mjd.qpos, mjd.qvel, mjd.act, mjd.ctrl
+    base.qacc_warmstart[:] = mjd.qacc_warmstart
+    mujoco.mj_step(mjm, base)
+    nominal.qpos[:] = base.qpos
+    A = _central_jacobian(lambda x: run(x, mjd.ctrl), x0, eps)
+    B = _central_jacobian(lambda u: run(x0, u), mjd.ctrl.copy(), eps)
+    return A, B
+
+
+@pytest.mark.parametrize("name", ["hopper", "halfcheetah", "humanoid", "walker2d"])
+def test_transition_jacobians_match_mujoco(name):
+    mjm = converged(mujoco.MjModel.from_xml_path(str(SHARED_MODELS / f"{name}.xml")))
+    mjd = settled_state(mjm, 150)
+    m = diffmj.put_model(mjm)
+    A, B, C, D = diffmj.grad.transition_jacobians(m, diffmj.put_data(m, mjd))
+    nx = 2 * mjm.nv + mjm.na
+    assert A.shape == (nx, nx) and B.shape == (nx, mjm.nu)
+    assert C.shape == (mjm.nsensordata, nx) and D.shape == (mjm.nsensordata, mjm.nu)
+    if mjm.opt.integrator == mujoco.mjtIntegrator.mjINT_RK4:  # mjd_transitionFD refuses RK4
+        Am, Bm = _mujoco_step_jacobian(mjm, mjd)
+    else:
+        Am, Bm = np.zeros((nx, nx)), np.zeros((nx, mjm.nu))
+        mujoco.mjd_transitionFD(mjm, mjd, 1e-6, 1, Am, Bm, None, None)
+    for label, ours, theirs in (("A", A, Am), ("B", B, Bm)):
+        err = np.abs(ours.numpy() - theirs).max() / np.abs(theirs).max()
+        assert err <= 1e-5, f"{name} {label}: relative error {err:.2e} vs MuJoCo finite differences"
+
+
+def test_transition_jacobians_match_own_differences():
+    mjm = converged(mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "hopper.xml")))
+    mjd = settled_state(mjm, 150)
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, mjd)
+    A, B, _, _ = diffmj.grad.transition_jacobians(m, d)
+    from diffmj.grad.transition import _transition
+
+    f, x0 = _transition(m, d)
+    eps = 1e-6
+    Afd = _central_jacobian(lambda x: f(torch.as_tensor(x), d.ctrl)[0].numpy(), x0.numpy(), eps)
+    Bfd = _central_jacobian(lambda u: f(x0, torch.as_tensor(u))[0].numpy(), d.ctrl.numpy(), eps)
+    assert_close("A", A, Afd, 1e-7)
+    assert_close("B", B, Bfd, 1e-7)
+
+
+def test_transition_jacobians_batched():
+    mjm = mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "hopper.xml"))
+    m = diffmj.put_model(mjm)
+    datas = [diffmj.put_data(m, settled_state(mjm, n)) for n in (50, 150)]
+    batched = diffmj.grad.transition_jacobians(m, torch.stack(datas))
+    for i, d in enumerate(datas):
+        for ours, single in zip(batched, diffmj.grad.transition_jacobians(m, d)):
+            assert_close("batched jacobian", ours[i], single, 1e-12)
