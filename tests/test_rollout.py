@@ -1,0 +1,161 @@
+"""rollout(): trajectories, checkpointed gradients equal to the full tape, batching, memory, finiteness."""
+
+from __future__ import annotations
+
+import mujoco
+import pytest
+import torch
+
+import diffmj
+from tests.conftest import SHARED_MODELS, assert_close, mj_model, settled_state
+
+INTEGRATORS = {"euler": 0, "rk4": 1, "implicitfast": 3}
+
+
+def _setup(name: str, steps: int = 60, integrator: str | None = None, dtype=torch.float64):
+    path = SHARED_MODELS / f"{name}.xml"
+    mjm = mujoco.MjModel.from_xml_path(str(path)) if path.exists() else mj_model(name)
+    mjm.opt.iterations = min(mjm.opt.iterations, 20)
+    if integrator:
+        mjm.opt.integrator = INTEGRATORS[integrator]
+    m = diffmj.put_model(mjm, dtype=dtype)
+    return m, diffmj.put_data(m, settled_state(mjm, steps))
+
+
+def _controls(m, horizon, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return 0.4 * torch.rand(horizon, m.nu, generator=gen, dtype=m.dtype) - 0.2
+
+
+def test_rollout_equals_stepping():
+    m, d = _setup("hopper")
+    ctrl = _controls(m, 7)
+    traj = diffmj.rollout(m, d, ctrl)
+    assert traj.batch_size == torch.Size([7])
+    state = d
+    for t in range(7):
+        state = diffmj.step(m, state.replace(ctrl=ctrl[t]))
+        for name in ("qpos", "qvel", "qacc", "xpos", "efc_force", "time"):
+            assert_close(f"{name}[{t}]", getattr(traj[t], name), getattr(state, name), 0.0)
+
+
+def _gradients(m, d, ctrl, checkpoint):
+    params = {
+        "ctrl": ctrl,
+        "qpos": d.qpos,
+        "qvel": d.qvel,
+        "body_mass": m.body_mass,
+        "geom_friction": m.geom_friction,
+    }
+    params = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    model = m.replace(body_mass=params["body_mass"], geom_friction=params["geom_friction"])
+    traj = diffmj.rollout(model, d.replace(qpos=params["qpos"], qvel=params["qvel"]), params["ctrl"], checkpoint=checkpoint)
+    loss = (traj.qpos[:, :3] ** 2).sum() + traj.qvel[-1].sum() + traj.xpos[:, -1, 2].sum()
+    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
+    return dict(zip(params, grads))
+
+
+@pytest.mark.parametrize(
+    "name, integrator, horizon",
+    [("hopper", "euler", 12), ("hopper", "rk4", 8), ("hopper", "implicitfast", 12), ("contacts", "euler", 6)],
+)
+def test_checkpointed_gradient_equals_full_tape(name, integrator, horizon):
+    m, d = _setup(name, integrator=integrator)
+    ctrl = _controls(m, horizon)
+    full = _gradients(m, d, ctrl, None)
+    for checkpoint in ("auto", 4):
+        ours = _gradients(m, d, ctrl, checkpoint)
+        for key in full:
+            assert_close(f"{key} (checkpoint={checkpoint})", ours[key], full[key], 1e-12)
+
+
+def test_rollout_composes_with_func_transforms():
+    m, d = _setup("hopper")
+    ctrl = _controls(m, 9)
+
+    def loss(ctrl, checkpoint):
+        return (diffmj.rollout(m, d, ctrl, checkpoint=checkpoint).qpos[:, 1] ** 2).sum()
+
+    full = torch.func.grad(loss)(ctrl, None)
+    assert_close("func.grad", torch.func.grad(loss)(ctrl, "auto"), full, 1e-12)
+    _, vjp = torch.func.vjp(lambda c: loss(c, 3), ctrl)
+    assert_close("func.vjp", vjp(torch.ones((), dtype=m.dtype))[0], full, 1e-12)
+    batched = torch.vmap(torch.func.grad(loss), in_dims=(0, None))(torch.stack([ctrl, -ctrl]), "auto")
+    assert_close("vmap(grad)", batched[0], full, 1e-12)
+    assert_close("vmap(grad)", batched[1], torch.func.grad(loss)(-ctrl, None), 1e-12)
+
+
+def test_batched_rollout():
+    m, d = _setup("hopper")
+    ctrl = _controls(m, 5)
+    datas = torch.stack([d, diffmj.step(m, d)])
+    traj = diffmj.rollout(m, datas, torch.stack([ctrl, 2 * ctrl]))
+    assert traj.batch_size == torch.Size([2, 5])
+    assert_close("batch element", traj[1].qpos, diffmj.rollout(m, datas[1], 2 * ctrl).qpos, 1e-13)
+    shared = diffmj.rollout(m, datas, ctrl)  # one control sequence for both states
+    assert_close("broadcast ctrl", shared[0].qvel, diffmj.rollout(m, d, ctrl).qvel, 1e-13)
+
+    def final_height(mass):
+        return diffmj.rollout(m.replace(body_mass=mass), d, ctrl).qpos[-1, 1]
+
+    masses = m.body_mass * torch.tensor([[0.9], [1.1]], dtype=m.dtype)
+    heights = torch.vmap(final_height)(masses)
+    assert_close("vmap over model parameters", heights[1], final_height(masses[1]), 1e-13)
+
+
+def _saved_bytes(fn) -> int:
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def test_checkpoint_memory_grows_like_sqrt_horizon():
+    m, d = _setup("hopper")
+    saved = {}
+    for horizon in (16, 64):
+        ctrl = _controls(m, horizon).requires_grad_(True)
+        for checkpoint in ("auto", None):
+            saved[horizon, checkpoint] = _saved_bytes(lambda: diffmj.rollout(m, d, ctrl, checkpoint=checkpoint))
+    full_growth = saved[64, None] / saved[16, None]
+    checkpoint_growth = saved[64, "auto"] / saved[16, "auto"]
+    assert full_growth > 3.5, f"full tape grew {full_growth:.2f}x for 4x the horizon"
+    assert checkpoint_growth < 2.5, f"checkpointed rollout saved {checkpoint_growth:.2f}x for 4x the horizon"
+    assert saved[64, "auto"] < saved[64, None] / 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name, horizon", [("hopper", 40), ("humanoid", 25)])
+def test_long_horizon_gradient_is_finite(name, horizon, dtype):
+    m, d = _setup(name, dtype=dtype)
+    ctrl = _controls(m, horizon).requires_grad_(True)
+    traj = diffmj.rollout(m, d, ctrl)
+    (traj.qpos[:, :3] ** 2).sum().backward()
+    assert torch.isfinite(ctrl.grad).all() and ctrl.grad.abs().sum() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", ["hopper", "humanoid"])
+def test_thousand_step_gradient_is_finite(name, dtype):
+    m, d = _setup(name, dtype=dtype)
+    ctrl = _controls(m, 1000).requires_grad_(True)
+    traj = diffmj.rollout(m, d, ctrl)
+    (traj.qpos[:, :3] ** 2).sum().backward()
+    assert torch.isfinite(ctrl.grad).all() and ctrl.grad.abs().sum() > 0
+
+
+def test_bad_controls_raise_value_error():
+    m, d = _setup("hopper")
+    with pytest.raises(ValueError, match="controls per step"):
+        diffmj.rollout(m, d, torch.zeros(5, m.nu + 1, dtype=m.dtype))
+    with pytest.raises(ValueError, match=r"\[..., T, nu\]"):
+        diffmj.rollout(m, d, torch.zeros(m.nu, dtype=m.dtype))
+    with pytest.raises(ValueError, match="positive number of steps"):
+        diffmj.rollout(m, d, torch.zeros(5, m.nu, dtype=m.dtype), checkpoint=0)
