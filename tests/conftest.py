@@ -11,6 +11,10 @@ import torch
 
 import diffmj
 
+# The test models are small: one thread avoids MKL's threading overhead on tiny
+# matrices, which is large when the machine's other core is busy.
+torch.set_num_threads(1)
+
 MODELS = pathlib.Path(__file__).parent / "models"
 SHARED_MODELS = pathlib.Path(__file__).parents[1].parent / "shared" / "models"
 
