@@ -95,7 +95,7 @@ def test_equality_friction_limit_model(solver):
         _check_forward(mjm, random_state(mjm, seed, scale=0.6))
 
 
-@pytest.mark.parametrize("name", ["humanoid", "walker2d", "halfcheetah", "hopper"])
+@pytest.mark.parametrize("name", ["humanoid", "ant", "walker2d", "halfcheetah", "hopper"])
 @pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
 def test_shared_model_step(name, cone):
     mjm = converged(mujoco.MjModel.from_xml_path(str(SHARED_MODELS / f"{name}.xml")), cone)
