@@ -75,7 +75,8 @@ def fwd_constraint(m: Model, d: Data) -> Data:
     """Constrained acceleration from the constraint solver; qacc_smooth without constraint rows."""
     if m.constraint_plan.nefc:
         return solve_implicit(m, d) if m.backward_mode == BackwardMode.IMPLICIT else solve(m, d)
-    return d.replace(qacc=d.qacc_smooth, qfrc_constraint=torch.zeros_like(d.qacc_smooth))
+    # a copy: fields must not alias (torch.compile would recompile on aliased inputs)
+    return d.replace(qacc=d.qacc_smooth.clone(), qfrc_constraint=torch.zeros_like(d.qacc_smooth))
 
 
 def _forward(m: Model, d: Data, sensors: bool = True) -> Data:
@@ -143,7 +144,7 @@ def _advance(m: Model, d: Data, act_dot: Tensor, qacc: Tensor, qvel: Tensor | No
         act = next_activation(m, d.act, act_dot * m.actuator_plan.enabled[m.actuator_plan.act_actuator])
     new_qvel = d.qvel + dt * qacc
     qpos = integrate_pos(m, d.qpos, new_qvel if qvel is None else qvel, dt)
-    return d.replace(act=act, qvel=new_qvel, qpos=qpos, time=d.time + dt, qacc_warmstart=d.qacc)
+    return d.replace(act=act, qvel=new_qvel, qpos=qpos, time=d.time + dt, qacc_warmstart=d.qacc.clone())
 
 
 def _euler(m: Model, d: Data) -> Data:

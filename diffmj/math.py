@@ -38,8 +38,14 @@ def normalize(x: Tensor, fallback: Tensor | None = None) -> tuple[Tensor, Tensor
 
 
 def quat_normalize(q: Tensor) -> Tensor:
-    """mju_normalize4: unit quaternion; (1, 0, 0, 0) for a zero quaternion. [..., 4]"""
-    return normalize(q)[0]
+    """mju_normalize4: unit quaternion; (1, 0, 0, 0) for a zero quaternion. [..., 4]
+
+    Like MuJoCo, a quaternion whose norm is within MINVAL of 1 is returned as it
+    is (its value, bit for bit); the gradient is always that of q / |q|.
+    """
+    unit, norm = normalize(q)
+    keep = ((norm - 1).abs() <= MINVAL)[..., None]
+    return torch.where(keep, q.detach() + (unit - unit.detach()), unit)
 
 
 def quat_mul(a: Tensor, b: Tensor) -> Tensor:

@@ -73,7 +73,7 @@ def kinematics(m: Model, d: Data) -> Data:
         xanchor = torch.cat(anchors)[m.tree.jnt_order]
         xaxis = torch.cat(axes)[m.tree.jnt_order]
     else:
-        xanchor = xaxis = d.xanchor
+        xanchor, xaxis = d.xanchor, d.xaxis
 
     def local_to_global(body: Tensor | None, local_pos: Tensor, local_quat: Tensor):
         pos, mat, quat = (xpos_all, xmat_all, xquat_all) if body is None else (

@@ -46,10 +46,12 @@ def test_equality_friction_limit_rows(seed):
     _compare_rows(m, out, mjm, mjd)
 
 
-@pytest.mark.parametrize("name", ["humanoid", "walker2d", "halfcheetah", "hopper"])
+@pytest.mark.parametrize("name", ["contacts", "humanoid", "ant", "walker2d", "halfcheetah", "hopper"])
 @pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
-def test_contact_rows_shared_models(name, cone):
-    mjm = mujoco.MjModel.from_xml_path(str(SHARED_MODELS / f"{name}.xml"))
+def test_contact_rows(name, cone):
+    """Every geom pair type, condim, mixing rule, pair / exclude (contacts.xml) and the shared models."""
+    path = SHARED_MODELS / f"{name}.xml"
+    mjm = mujoco.MjModel.from_xml_path(str(path)) if path.exists() else mj_model(name)
     mjm.opt.cone = getattr(mujoco.mjtCone, f"mjCONE_{cone.upper()}")
     for steps in (60, 140, 300):
         mjd = settled_state(mjm, steps)

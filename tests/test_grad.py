@@ -138,9 +138,16 @@ def test_compiled_vmap_grad_on_contact_model(arm_on_box):
     assert_close("next qpos", compiled[1], eager[1], 1e-10)
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize(
+    "backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("transform", ["grad", "jacrev", "jacfwd"])
-def test_compiled_transforms(arm_on_box, transform):
+def test_compiled_transforms(arm_on_box, transform, backend):
+    """torch.compile(fullgraph=True) of grad / jacrev / jacfwd through step equals eager.
+
+    The default suite compiles with aot_eager (Dynamo and AOTAutograd, where custom
+    autograd.Function handling lives) to stay fast; the slow suite adds inductor.
+    """
     m, d = arm_on_box
 
     def next_qvel(qvel):
@@ -152,7 +159,7 @@ def test_compiled_transforms(arm_on_box, transform):
         "jacfwd": torch.func.jacfwd(next_qvel),
     }[transform]
     torch._dynamo.reset()
-    assert_close(transform, torch.compile(fn, fullgraph=True)(d.qvel), fn(d.qvel), 1e-10)
+    assert_close(transform, torch.compile(fn, fullgraph=True, backend=backend)(d.qvel), fn(d.qvel), 1e-10)
 
 
 def _saved_bytes(fn) -> int:

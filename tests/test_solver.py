@@ -150,3 +150,19 @@ def test_compiled_vmap_step_on_contact_model(small_contact_model):
     assert bool(eager.efc_active.any())
     for name in ("qpos", "qvel", "qacc", "efc_force"):
         assert_close(name, getattr(out, name), getattr(eager, name), 1e-10)
+
+
+@pytest.mark.slow
+def test_compiled_vmap_step_humanoid():
+    """torch.compile(vmap(step), fullgraph=True) runs the humanoid without a graph break."""
+    mjm = mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "humanoid.xml"))
+    m = diffmj.put_model(mjm)
+    batch = torch.stack([diffmj.put_data(m, settled_state(mjm, n, seed=n)) for n in (30, 60)])
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    out = torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True)(m, batch)
+    eager = diffmj.step(m, batch)
+    for name in ("qpos", "qvel", "qacc", "efc_force"):
+        assert_close(name, getattr(out, name), getattr(eager, name), 1e-10)
+    torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True, backend=counter)(m, batch)
+    assert counter.frame_count == 1
