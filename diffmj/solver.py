@@ -241,7 +241,7 @@ def _newton_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol
     alpha = -first.deriv / first.deriv2
     done = torch.zeros_like(gtol, dtype=torch.bool)
     for _ in range(max(iterations - 1, 1)):
-        if _can_stop_early(done) and bool(done.all()):
+        if _all_done(done):
             break
         ev = _line_eval(p, jar, Jv, quad_gauss, alpha)
         done = done | (ev.deriv.abs() < gtol)
@@ -405,9 +405,18 @@ def _warmstart(settings: Settings, p: Problem, qacc_warmstart: Tensor) -> Tensor
     return torch.where(cost_ws > cost_smooth, p.qacc_smooth, qacc_warmstart)
 
 
-def _can_stop_early(x: Tensor) -> bool:
-    """True for a plain eager tensor, where reading a flag does not break vmap or compile."""
-    return not torch.compiler.is_compiling() and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+def _all_done(done: Tensor) -> bool:
+    """Whether every element of ``done`` holds, read in eager mode only (never under compile).
+
+    Under vmap / grad the flag is a functorch wrapper; its unwrapped tensor holds every batch
+    element, so the loop stops once all are done. Done elements are frozen, so stopping then
+    gives exactly what running all iterations gives.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    while torch._C._functorch.is_functorch_wrapped_tensor(done):
+        done = torch._C._functorch.get_unwrapped(done)
+    return bool(done.all())
 
 
 def residual(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
@@ -452,7 +461,7 @@ def solve_qacc(settings: Settings, x: Inputs) -> Tensor:
         done = done | (grad_ok & (torch.clamp(0.5 * scale * (grad * mgrad).sum(-1), min=0) < tol))
     search = -mgrad
     for _ in range(settings.iterations):
-        if _can_stop_early(done) and bool(done.all()):
+        if _all_done(done):
             break
         snorm = math.safe_norm(search)
         gtol = tol * x.ls_tolerance * snorm / scale
