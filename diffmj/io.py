@@ -13,7 +13,7 @@ import mujoco
 import numpy as np
 import torch
 
-from diffmj.collision.plan import GEOM_NAMES, build_collision_plan, unsupported_pair
+from diffmj.collision.plan import GEOM_NAMES, build_collision_plan, convex_pair, unsupported_pair
 from diffmj.plan import (
     OBJ_CAMERA,
     RAY_PRIMITIVES,
@@ -108,6 +108,13 @@ def check_supported(mjm: mujoco.MjModel) -> None:
     pair = unsupported_pair(mjm)
     if pair:
         _refuse(pair)
+    # diffmj's general convex pairs are MuJoCo's native CCD with multi-CCD (the defaults)
+    pair = convex_pair(mjm)
+    if pair and opt.disableflags & DisableBit.NATIVECCD:
+        _refuse(f"option flag 'nativeccd' disabled (libccd) for {pair}")
+    pair = convex_pair(mjm, multi=True)
+    if pair and opt.disableflags & DisableBit.MULTICCD:
+        _refuse(f"option flag 'multiccd' disabled for {pair}")
 
     for t in range(mjm.ntendon):
         tname = _name(mjm, obj.mjOBJ_TENDON, t)

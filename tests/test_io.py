@@ -48,21 +48,33 @@ def test_model_is_a_pytree():
     assert rebuilt.structure == m.structure and rebuilt.body_mass is m.body_mass
 
 
+CONVEX_PAIR = ('<body><freejoint/><geom name="a" type="capsule" size=".1 .2"/></body>'
+               '<body pos="1 0 0"><freejoint/><geom name="b" type="cylinder" size=".1 .2"/></body>')
 REFUSED = {
-    "convex pair": '<body><freejoint/><geom name="a" type="capsule" size=".1 .2"/></body>'
-    '<body pos="1 0 0"><freejoint/><geom name="b" type="ellipsoid" size=".1 .2 .3"/></body>',
+    "mesh pair": '<body><freejoint/><geom name="a" type="capsule" size=".1 .2"/></body>'
+    '<body pos="1 0 0"><freejoint/><geom name="b" type="mesh" mesh="tetra"/></body>',
+    "multiccd": CONVEX_PAIR,
+    "nativeccd": CONVEX_PAIR,
     "pgs": '<body><joint name="j"/><geom size=".1"/></body>',
     "sensors": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
     "muscle": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
     "fluid": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
 }
+ASSET = {"mesh pair": '<asset><mesh name="tetra" vertex="0 0 0 .1 0 0 0 .1 0 0 0 .1"/></asset>'}
 EXTRA = {
     "sensors": '<sensor><user name="u" dim="1"/></sensor>',
     "muscle": '<actuator><muscle joint="j" lengthrange="-1 1"/></actuator>',
 }
-OPTION = {"fluid": '<option density="1.2"/>', "pgs": '<option solver="PGS"/>'}
+OPTION = {
+    "fluid": '<option density="1.2"/>',
+    "pgs": '<option solver="PGS"/>',
+    "multiccd": '<option><flag multiccd="disable"/></option>',
+    "nativeccd": '<option><flag nativeccd="disable"/></option>',
+}
 MESSAGE = {
-    "convex pair": "geom pair 'a' \\(capsule\\) - 'b' \\(ellipsoid\\): collision",
+    "mesh pair": "geom pair 'a' \\(capsule\\) - 'b' \\(mesh\\): collision",
+    "multiccd": "flag 'multiccd' disabled for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
+    "nativeccd": "flag 'nativeccd' disabled \\(libccd\\) for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
     "pgs": "solver 'PGS'",
     "sensors": "sensor 'u': type 'user'",
     "muscle": "actuator #0: dynamics 'muscle'",
@@ -73,7 +85,7 @@ MESSAGE = {
 @pytest.mark.parametrize("feature", REFUSED)
 def test_unsupported_features_are_refused_by_name(feature):
     xml = (
-        f"<mujoco>{OPTION.get(feature, '')}<worldbody>{REFUSED[feature]}</worldbody>"
+        f"<mujoco>{OPTION.get(feature, '')}{ASSET.get(feature, '')}<worldbody>{REFUSED[feature]}</worldbody>"
         f"{EXTRA.get(feature, '')}</mujoco>"
     )
     with pytest.raises(NotImplementedError, match=MESSAGE[feature]):

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from diffmj import math
-from diffmj.collision import box, primitive
+from diffmj.collision import box, convex, primitive
 from diffmj.collision.common import Candidates, GeomPose, make_frame
 from diffmj.collision.plan import BOX, CAPSULE, CYLINDER, ELLIPSOID, PLANE, SPHERE
 from diffmj.types import Contact, Data, EnableBit, Model
@@ -37,6 +37,14 @@ PAIR_FUNCTIONS = {
     (CAPSULE, CAPSULE): primitive.capsule_capsule,
     (CAPSULE, BOX): primitive.capsule_box,
     (BOX, BOX): box.box_box,
+    (SPHERE, ELLIPSOID): convex.sphere_ellipsoid,
+    (CAPSULE, ELLIPSOID): convex.capsule_ellipsoid,
+    (ELLIPSOID, ELLIPSOID): convex.ellipsoid_ellipsoid,
+    (CAPSULE, CYLINDER): convex.capsule_cylinder,
+    (ELLIPSOID, CYLINDER): convex.ellipsoid_cylinder,
+    (CYLINDER, CYLINDER): convex.cylinder_cylinder,
+    (ELLIPSOID, BOX): convex.ellipsoid_box,
+    (CYLINDER, BOX): convex.cylinder_box,
 }
 
 

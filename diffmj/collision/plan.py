@@ -35,7 +35,19 @@ MAX_CONTACTS = {
     (CAPSULE, CAPSULE): 2,
     (CAPSULE, BOX): 2,  # MuJoCo 4 emits at most two (mj_maxContact reserves four)
     (BOX, BOX): 8,
+    # general convex pairs (mjc_Convex); more than one only through multi-CCD (on by default)
+    (SPHERE, ELLIPSOID): 1,
+    (CAPSULE, ELLIPSOID): 1,
+    (ELLIPSOID, ELLIPSOID): 1,
+    (CAPSULE, CYLINDER): 2,
+    (ELLIPSOID, CYLINDER): 1,
+    (CYLINDER, CYLINDER): 4,
+    (ELLIPSOID, BOX): 1,
+    (CYLINDER, BOX): 4,
 }
+# the type pairs MuJoCo collides with its general convex collision (mjc_Convex)
+CONVEX_PAIRS = ((SPHERE, ELLIPSOID), (CAPSULE, ELLIPSOID), (ELLIPSOID, ELLIPSOID), (CAPSULE, CYLINDER),
+                (ELLIPSOID, CYLINDER), (CYLINDER, CYLINDER), (ELLIPSOID, BOX), (CYLINDER, BOX))
 
 
 @pytree_dataclass
@@ -121,15 +133,28 @@ def _condim(mjm: mujoco.MjModel, g1: int, g2: int, p: int) -> int:
     return int(max(mjm.geom_condim[g1], mjm.geom_condim[g2]))
 
 
-def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
-    """A description of the first candidate pair without a narrow-phase function, if any."""
+def _first_pair(mjm: mujoco.MjModel, types) -> str | None:
+    """A description of the first candidate pair whose type pair is in ``types``, if any."""
     for g1, g2, _ in candidate_pairs(mjm):
         key = (int(mjm.geom_type[g1]), int(mjm.geom_type[g2]))
-        if key not in MAX_CONTACTS:
+        if key in types:
             n1 = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g1) or f"#{g1}"
             n2 = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g2) or f"#{g2}"
-            return f"geom pair '{n1}' ({GEOM_NAMES[key[0]]}) - '{n2}' ({GEOM_NAMES[key[1]]}): collision"
+            return f"geom pair '{n1}' ({GEOM_NAMES[key[0]]}) - '{n2}' ({GEOM_NAMES[key[1]]})"
     return None
+
+
+def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
+    """A description of the first candidate pair without a narrow-phase function, if any."""
+    missing = {(a, b) for a in range(len(GEOM_NAMES)) for b in range(a, len(GEOM_NAMES))} - set(MAX_CONTACTS)
+    pair = _first_pair(mjm, missing)
+    return f"{pair}: collision" if pair else None
+
+
+def convex_pair(mjm: mujoco.MjModel, multi: bool = False) -> str | None:
+    """A description of the first candidate pair MuJoCo collides with mjc_Convex (with ``multi``:
+    one that multi-CCD may give more than one contact), if any."""
+    return _first_pair(mjm, [key for key in CONVEX_PAIRS if MAX_CONTACTS[key] > 1 or not multi])
 
 
 def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.device) -> CollisionPlan:
