@@ -150,15 +150,18 @@ def _advance(m: Model, d: Data, act_dot: Tensor, qacc: Tensor, qvel: Tensor | No
 def _euler(m: Model, d: Data) -> Data:
     """Semi-implicit Euler; joint damping implicit unless eulerdamp is disabled (mj_Euler).
 
-    MuJoCo solves (M + h B) qacc' = qfrc. Writing it as qacc' = qacc - h (M + h B)^-1 B qacc
-    gives exactly qacc when no joint has damping, as MuJoCo's explicit branch does.
+    With any dof damping MuJoCo solves (M + h B) qacc' = qfrc_smooth + qfrc_constraint, and
+    otherwise takes qacc as it is. The two differ from M qacc = qfrc_smooth + qfrc_constraint
+    when the constraint solver stopped before the optimum (iteration limit, line search), so
+    the right-hand side is the forces, not M qacc.
     """
     qacc = d.qacc
     if not (m.opt.disabled(DisableBit.EULERDAMP) or m.opt.disabled(DisableBit.DAMPER)):
         h = m.opt.timestep
         damped = d.qM + torch.diag_embed(h * m.dof_damping)
-        correction = torch.cholesky_solve((h * m.dof_damping * qacc)[:, None], math.cholesky(damped))
-        qacc = qacc - correction[:, 0]
+        qfrc = d.qfrc_smooth + d.qfrc_constraint
+        implicit = torch.cholesky_solve(qfrc[:, None], math.cholesky(damped))[:, 0]
+        qacc = torch.where((m.dof_damping > 0).any(), implicit, qacc)
     return _advance(m, d, d.act_dot, qacc)
 
 

@@ -253,12 +253,16 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
 
 
 def _standalone_free_bodies(mjm) -> tuple[int, ...]:
-    """First dof of each body with a single free joint and no massive children."""
+    """First dof of each body with a single free joint whose kinematic tree has no other dofs.
+
+    Bodies welded below it (no joints) do not disqualify it: MuJoCo 4.0.0 solves their
+    6x6 block with the bias derivative of the whole welded composite as well.
+    """
     out = []
     for b in range(1, mjm.nbody):
         if mjm.body_jntnum[b] != 1 or mjm.jnt_type[mjm.body_jntadr[b]] != FREE:
             continue
         adr = int(mjm.jnt_dofadr[mjm.body_jntadr[b]])
-        if mjm.tree_dofnum[mjm.dof_treeid[adr]] == 6 and mjm.body_subtreemass[b] == mjm.body_mass[b]:
+        if mjm.tree_dofnum[mjm.dof_treeid[adr]] == 6:
             out.append(adr)
     return tuple(out)
