@@ -393,7 +393,7 @@ def put_data(m: Model, mjd: mujoco.MjData) -> Data:
         mujoco.mj_fullM(mjm, mjd, qm)
     fields["qM"] = torch.as_tensor(qm, device=m.device).to(m.dtype)
     # qLD is diffmj's dense Cholesky factor; derive it when MuJoCo has computed M
-    fields["qLD"] = torch.linalg.cholesky(fields["qM"]) if np.any(qm) else torch.zeros_like(fields["qM"])
+    fields["qLD"] = torch.linalg.cholesky(fields["qM"]).contiguous() if np.any(qm) else torch.zeros_like(fields["qM"])
     ten_j = _dense(mjd.ten_J, mjm.ten_J_rownnz, mjm.ten_J_rowadr, mjm.ten_J_colind, m.nv)
     moment = _dense(mjd.actuator_moment, mjd.moment_rownnz, mjd.moment_rowadr, mjd.moment_colind, m.nv)
     fields["ten_J"] = torch.as_tensor(ten_j, device=m.device).to(m.dtype)
