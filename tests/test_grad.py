@@ -162,19 +162,6 @@ def test_compiled_transforms(arm_on_box, transform, backend):
     assert_close(transform, torch.compile(fn, fullgraph=True, backend=backend)(d.qvel), fn(d.qvel), 1e-10)
 
 
-def _saved_bytes(fn) -> int:
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total
-
-
 def test_backward_memory_independent_of_iterations():
     mjm = mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "humanoid.xml"))
     mjd = settled_state(mjm, 150)
@@ -186,7 +173,7 @@ def test_backward_memory_independent_of_iterations():
             m = diffmj.put_model(mjm, backward_mode=mode)
             d = diffmj.put_data(m, mjd)
             ctrl = d.ctrl.clone().requires_grad_(True)
-            saved[mode, iterations] = _saved_bytes(lambda: diffmj.step(m, d.replace(ctrl=ctrl)))
+            saved[mode, iterations] = diffmj.grad.saved_tensor_bytes(lambda: diffmj.step(m, d.replace(ctrl=ctrl)))
     ratio = saved[IMPLICIT, 50] / saved[IMPLICIT, 1]
     assert abs(ratio - 1) <= 0.05, f"implicit saved bytes grow {ratio:.3f}x from 1 to 50 iterations"
     assert saved[UNROLL, 50] > 2 * saved[UNROLL, 1]  # the tape of unrolled iterations does grow

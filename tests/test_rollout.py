@@ -103,26 +103,14 @@ def test_batched_rollout():
     assert_close("vmap over model parameters", heights[1], final_height(masses[1]), 1e-13)
 
 
-def _saved_bytes(fn) -> int:
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return total
-
-
 def test_checkpoint_memory_grows_like_sqrt_horizon():
     m, d = _setup("hopper")
     saved = {}
     for horizon in (16, 64):
         ctrl = _controls(m, horizon).requires_grad_(True)
         for checkpoint in ("auto", None):
-            saved[horizon, checkpoint] = _saved_bytes(lambda: diffmj.rollout(m, d, ctrl, checkpoint=checkpoint))
+            saved[horizon, checkpoint] = diffmj.grad.saved_tensor_bytes(
+                lambda: diffmj.rollout(m, d, ctrl, checkpoint=checkpoint))
     full_growth = saved[64, None] / saved[16, None]
     checkpoint_growth = saved[64, "auto"] / saved[16, "auto"]
     assert full_growth > 3.5, f"full tape grew {full_growth:.2f}x for 4x the horizon"

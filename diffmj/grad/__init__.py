@@ -1,11 +1,14 @@
-"""How to differentiate: the solver's implicit adjoint, transition Jacobians, checkpointing.
+"""How to differentiate: the solver's implicit adjoint, transition Jacobians, checkpointing,
+and the memory a tape keeps (``saved_tensor_bytes``).
 
 The stages use ``adjoint`` (the solver's backward pass) while ``transition``
 calls the stages, so the public names are resolved on first use (PEP 562)
 to keep the import graph acyclic.
 """
 
-__all__ = ["transition_jacobians"]
+from diffmj.grad.memory import saved_tensor_bytes
+
+__all__ = ["saved_tensor_bytes", "transition_jacobians"]
 
 
 def __getattr__(name: str):
