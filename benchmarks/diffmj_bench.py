@@ -1,0 +1,104 @@
+"""Runner: diffmj eager or compiled (``step_throughput.py`` starts it in a subprocess).
+
+eager: ``diffmj.step`` on batched Data (vmapped inside diffmj).
+compiled: ``torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True)``.
+
+For B=1 both run on unbatched Data, the compiled one as
+``torch.compile(diffmj.step, fullgraph=True)``.
+
+A compiled run takes one batch size, so that its compile starts from a fresh
+process; ``step_throughput.py`` points TORCHINDUCTOR_CACHE_DIR at an empty
+directory for the cold compile and runs ``--compile-only`` again on the same
+directory for the warm one. The compile time is that of the calls made until
+the function runs without compiling (two: the second sees the first's output,
+and a different set of aliased tensors makes dynamo compile again); the record
+says how many graphs were compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import mujoco
+import torch
+
+import diffmj
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+WARMUP_CALLS = 2
+
+
+def initial_data(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int) -> diffmj.Data:
+    """Data of the batch's initial worlds; unbatched for B=1."""
+    qvel = torch.as_tensor(harness.initial_qvel(mjm, batch_size), dtype=m.dtype)
+    if batch_size == 1:
+        return diffmj.make_data(m).replace(qvel=qvel[0])
+    return diffmj.make_data(m, batch_shape=(batch_size,)).replace(qvel=qvel)
+
+
+def stepper(m: diffmj.Model, step, d0: diffmj.Data, nsteps: int):
+    """A function running ``nsteps`` steps of ``step`` from ``d0``."""
+    def run() -> None:
+        d = d0
+        for _ in range(nsteps):
+            d = step(m, d)
+
+    return run
+
+
+def bench_eager(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int, args: argparse.Namespace) -> dict:
+    d0 = initial_data(m, mjm, batch_size)
+    return harness.measure(stepper(m, diffmj.step, d0, args.nsteps), batch_size, args.nsteps, args.repeats)
+
+
+def bench_compiled(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int, args: argparse.Namespace) -> dict:
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    fn = diffmj.step if batch_size == 1 else torch.vmap(diffmj.step, in_dims=(None, 0))
+    compiled = torch.compile(fn, fullgraph=True)
+    d = d0 = initial_data(m, mjm, batch_size)
+    calls = []
+    for _ in range(WARMUP_CALLS):
+        d, seconds = harness.timed(lambda: compiled(m, d))
+        calls.append(seconds)
+    record = {
+        "compile": {
+            "calls_s": calls,
+            "total_s": sum(calls),
+            "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
+        }
+    }
+    if not args.compile_only:
+        record.update(harness.measure(stepper(m, compiled, d0, args.nsteps), batch_size, args.nsteps, args.repeats))
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    harness.add_runner_args(parser)
+    parser.add_argument("--variant", choices=("eager", "compiled"), required=True)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compiled: stop after the compiling calls (warm-cache measurement)")
+    args = parser.parse_args()
+    if args.variant == "compiled" and len(args.batch_sizes) != 1:
+        parser.error("a compiled run takes one batch size (each compile starts from a fresh process)")
+
+    mjm = harness.load_model(args.model, harness.solver_overrides(args))
+    m = diffmj.put_model(mjm, dtype=getattr(torch, args.dtype))
+    bench = bench_eager if args.variant == "eager" else bench_compiled
+    records = [
+        {"backend": f"diffmj_{args.variant}", "batch_size": b, "dtype": args.dtype,
+         **harness.guarded(lambda: bench(m, mjm, b, args))}
+        for b in args.batch_sizes
+    ]
+    versions = {"torch": torch.__version__, "mujoco": mujoco.__version__,
+                "torch_threads": torch.get_num_threads()}
+    harness.emit(records, versions, harness.solver_settings(mjm))
+
+
+if __name__ == "__main__":
+    main()

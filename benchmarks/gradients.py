@@ -1,0 +1,279 @@
+"""Gradient costs: one-step VJP vs forward, transition Jacobians vs mjd_transitionFD,
+checkpointed rollout memory and time, and a 1000-step humanoid control gradient vs MJX.
+
+Run from the repository root in diffmj's venv (MJX part needs
+``python benchmarks/setup_anchors.py mjx``):
+
+    python benchmarks/gradients.py                       # everything, writes benchmarks/results/gradients.json
+    python benchmarks/gradients.py --parts vjp jacobians # a subset
+
+Every number is a median of repeats after a warm-up, on the models' own
+solver settings unless stated. Speed is measured here, never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mujoco
+import numpy as np
+import torch
+
+import diffmj
+
+BENCH = Path(__file__).resolve().parent
+MODELS = BENCH.parents[1] / "shared" / "models"
+sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402
+
+
+def _settled(mjm: mujoco.MjModel, steps: int = 100) -> mujoco.MjData:
+    """A state with contacts: ``steps`` steps from qpos0 with small random controls."""
+    rng = np.random.default_rng(0)
+    mjd = mujoco.MjData(mjm)
+    for _ in range(steps):
+        mjd.ctrl[:] = 0.3 * rng.uniform(-1, 1, mjm.nu)
+        mujoco.mj_step(mjm, mjd)
+    return mjd
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_vjp(name: str, repeats: int) -> dict:
+    """Time of one step (recording the tape) and of its backward pass to (qpos, qvel, ctrl), eager, B=1."""
+    mjm = mujoco.MjModel.from_xml_path(str(MODELS / f"{name}.xml"))
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, _settled(mjm))
+    ctrl = d.ctrl.clone().requires_grad_(True)
+    qvel = d.qvel.clone().requires_grad_(True)
+    qpos = d.qpos.clone().requires_grad_(True)  # the full state: kinematics and collision are differentiated too
+
+    def forward():
+        return diffmj.step(m, d.replace(ctrl=ctrl, qpos=qpos, qvel=qvel))
+
+    def forward_no_grad():
+        with torch.no_grad():
+            forward()
+
+    out = forward()
+    loss = (out.qvel**2).sum() + out.qpos.sum()
+
+    def backward():
+        torch.autograd.grad(loss, (ctrl, qpos, qvel), retain_graph=True)
+
+    t_inference = _median_time(forward_no_grad, repeats)
+    t_forward = _median_time(forward, repeats)
+    t_backward = _median_time(backward, repeats)
+    return {
+        "model": name,
+        "forward_no_grad_ms": 1e3 * t_inference,
+        "forward_ms": 1e3 * t_forward,
+        "backward_ms": 1e3 * t_backward,
+        "backward_over_forward": t_backward / t_forward,
+        "solver": {"iterations": mjm.opt.iterations, "ls_iterations": mjm.opt.ls_iterations},
+    }
+
+
+def bench_jacobians(name: str, batch: int, repeats: int) -> dict:
+    """Transition Jacobians per second: diffmj (autodiff, vmapped batch) vs mjd_transitionFD (2 threads)."""
+    mjm = mujoco.MjModel.from_xml_path(str(MODELS / f"{name}.xml"))
+    mjd = _settled(mjm)
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, mjd)
+    datas = torch.stack([d] * batch)
+    t_diffmj = _median_time(lambda: diffmj.grad.transition_jacobians(m, datas), repeats)
+
+    nx = 2 * mjm.nv + mjm.na
+    per_thread = [mujoco.MjData(mjm) for _ in range(2)]
+    for data in per_thread:
+        mujoco.mj_copyData(data, mjm, mjd)
+
+    def fd_block(data, count):
+        A, B = np.zeros((nx, nx)), np.zeros((nx, mjm.nu))
+        C, D = np.zeros((mjm.nsensordata, nx)), np.zeros((mjm.nsensordata, mjm.nu))
+        for _ in range(count):
+            mujoco.mjd_transitionFD(mjm, data, 1e-6, 1, A, B, C, D)
+
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+
+    def fd_batch():
+        list(pool.map(fd_block, per_thread, [batch // 2, batch - batch // 2]))
+
+    t_fd = _median_time(fd_batch, repeats)
+    pool.shutdown()
+    return {
+        "model": name,
+        "batch": batch,
+        "diffmj_jacobians_per_s": batch / t_diffmj,
+        "mujoco_fd_jacobians_per_s": batch / t_fd,
+        "mujoco_fd_threads": 2,
+        "note": "mjd_transitionFD (centered) releases the GIL, so 2 Python threads run in parallel",
+    }
+
+
+def bench_rollout(name: str, horizons: list[int], time_horizons: list[int]) -> list[dict]:
+    """Bytes saved for backward and backward time of a rollout: checkpointed vs full tape."""
+    mjm = mujoco.MjModel.from_xml_path(str(MODELS / f"{name}.xml"))
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, _settled(mjm))
+    records = []
+    for horizon in horizons:
+        ctrl = (0.1 * torch.randn(horizon, m.nu, dtype=m.dtype, generator=torch.Generator().manual_seed(0)))
+        record = {"model": name, "T": horizon}
+        for label, checkpoint in (("checkpointed", "auto"), ("full_tape", None)):
+            c = ctrl.clone().requires_grad_(True)
+            holder = {}
+
+            def run():
+                holder["traj"] = diffmj.rollout(m, d, c, checkpoint=checkpoint)
+
+            record[f"{label}_saved_MB"] = diffmj.grad.saved_tensor_bytes(run) / 2**20
+            if horizon in time_horizons:
+                loss = (holder["traj"].qpos[:, :3] ** 2).sum()
+                start = time.perf_counter()
+                loss.backward()
+                record[f"{label}_backward_s"] = time.perf_counter() - start
+            del holder
+        if "checkpointed_backward_s" in record:
+            record["backward_ratio"] = record["checkpointed_backward_s"] / record["full_tape_backward_s"]
+        records.append(record)
+        print(json.dumps(record), flush=True)
+    return records
+
+
+def bench_humanoid_gradient(horizon: int) -> dict:
+    """Gradient of a T-step humanoid loss w.r.t. the controls: diffmj (eager, checkpointed)."""
+    mjm = mujoco.MjModel.from_xml_path(str(MODELS / "humanoid.xml"))
+    m = diffmj.put_model(mjm)
+    d = diffmj.make_data(m)
+    ctrl = torch.zeros(horizon, m.nu, dtype=m.dtype, requires_grad=True)
+    start = time.perf_counter()
+    traj = diffmj.rollout(m, d, ctrl)
+    loss = traj.qpos[-1, 2] + (traj.qvel**2).sum() * 1e-3
+    forward_s = time.perf_counter() - start
+    loss.backward()
+    total_s = time.perf_counter() - start
+    return {
+        "model": "humanoid",
+        "T": horizon,
+        "diffmj_forward_s": forward_s,
+        "diffmj_total_s": total_s,
+        "grad_finite": bool(torch.isfinite(ctrl.grad).all()),
+        "solver": {"iterations": mjm.opt.iterations, "ls_iterations": mjm.opt.ls_iterations},
+    }
+
+
+def bench_mjx_gradient(horizon: int, timeout: float) -> dict:
+    """The same gradient with MJX's jax.grad, in the MJX venv (see anchors/mjx_grad_bench.py)."""
+    env = harness.ANCHOR_ENVS["mjx"]
+    if not env.python.exists():
+        return {"error": "MJX venv missing: python benchmarks/setup_anchors.py mjx"}
+    cmd = [str(env.python), str(BENCH / "anchors" / "mjx_grad_bench.py"), "--model", str(MODELS / "humanoid.xml"),
+           "--horizon", str(horizon)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout} s"}
+    try:
+        return harness.parse_emitted(out.stdout)
+    except ValueError:
+        return {"error": (out.stderr or out.stdout)[-2000:]}
+
+
+def markdown(results: dict) -> str:
+    """The README tables of a result."""
+    lines = []
+    if "vjp" in results:
+        lines += ["| model | solver iterations | forward (no tape) ms | forward (tape) ms | backward ms | backward / forward |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['solver']['iterations']} | {r['forward_no_grad_ms']:.1f} | {r['forward_ms']:.1f} "
+                  f"| {r['backward_ms']:.1f} | {r['backward_over_forward']:.2f} |" for r in results["vjp"]]
+        lines.append("")
+    if "jacobians" in results:
+        lines += ["| model | batch | diffmj `transition_jacobians` /s | `mjd_transitionFD` (2 threads) /s |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['batch']} | {r['diffmj_jacobians_per_s']:.0f} | {r['mujoco_fd_jacobians_per_s']:.0f} |"
+                  for r in results["jacobians"]]
+        lines.append("")
+    if "rollout" in results:
+        lines += ["| T | checkpointed saved MB | full tape saved MB | checkpointed backward s | full tape backward s | ratio |",
+                  "|---|---|---|---|---|---|"]
+        for r in results["rollout"]:
+            times = [f"{r[k]:.1f}" if k in r else "-" for k in ("checkpointed_backward_s", "full_tape_backward_s")]
+            ratio = f"{r['backward_ratio']:.2f}" if "backward_ratio" in r else "-"
+            lines.append(f"| {r['T']} | {r['checkpointed_saved_MB']:.1f} | {r['full_tape_saved_MB']:.1f} "
+                         f"| {times[0]} | {times[1]} | {ratio} |")
+        lines.append("")
+    if "humanoid_gradient" in results:
+        ours, mjx = results["humanoid_gradient"]["diffmj"], results["humanoid_gradient"]["mjx"]
+        lines += ["| side | first call s (incl. compile) | gradient s | finite |", "|---|---|---|---|",
+                  f"| diffmj eager, checkpointed | - | {ours['diffmj_total_s']:.1f} | {ours['grad_finite']} |"]
+        if "records" in mjx:
+            r = mjx["records"][0]
+            lines.append(f"| MJX `jax.jit(jax.grad)` | {r['first_call_s']:.1f} | {r['timed_call_s']:.2f} | {r['grad_finite']} |")
+        else:
+            lines.append(f"| MJX | {mjx.get('error')} | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["vjp", "jacobians", "rollout", "humanoid"],
+                        choices=["vjp", "jacobians", "rollout", "humanoid"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for diffmj")
+    parser.add_argument("--horizons", type=int, nargs="+", default=[100, 400, 1600])
+    parser.add_argument("--time-horizons", type=int, nargs="+", default=[100, 400])
+    parser.add_argument("--grad-horizon", type=int, default=1000)
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--out", default=str(BENCH / "results" / "gradients.json"))
+    parser.add_argument("--table", metavar="JSON", help="only print the tables of an earlier result")
+    args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())))
+        return
+    torch.set_num_threads(args.threads)
+
+    results: dict = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": __import__("os").cpu_count(),
+                    "torch": torch.__version__, "mujoco": mujoco.__version__, "torch_threads": args.threads,
+                    "date": time.strftime("%Y-%m-%d %H:%M")},
+    }
+    if "vjp" in args.parts:
+        results["vjp"] = [bench_vjp(n, args.repeats) for n in ("humanoid", "hopper")]
+        print(json.dumps(results["vjp"], indent=1), flush=True)
+    if "jacobians" in args.parts:
+        results["jacobians"] = [bench_jacobians(n, 32, args.repeats) for n in ("humanoid", "hopper")]
+        print(json.dumps(results["jacobians"], indent=1), flush=True)
+    if "rollout" in args.parts:
+        results["rollout"] = bench_rollout("humanoid", args.horizons, args.time_horizons)
+    if "humanoid" in args.parts:
+        results["humanoid_gradient"] = {
+            "diffmj": bench_humanoid_gradient(args.grad_horizon),
+            "mjx": bench_mjx_gradient(args.grad_horizon, args.timeout),
+        }
+        print(json.dumps(results["humanoid_gradient"], indent=1), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(markdown(results))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
