@@ -25,6 +25,16 @@ TOL = {
 }
 
 
+# A small contact model: a box on a plane with an actuated capsule arm (few rows, cheap to compile).
+ARM_ON_BOX = """
+    <mujoco><option timestep="0.005" iterations="{iterations}" ls_iterations="8"/>
+      <worldbody><geom type="plane" size="2 2 .1"/>
+        <body pos="0 0 .12"><freejoint/><geom type="box" size=".1 .1 .1"/>
+          <body pos=".1 0 0"><joint name="j" axis="0 1 0" range="-1 1"/>
+            <geom type="capsule" fromto="0 0 0 .2 0 0" size=".03"/></body></body>
+      </worldbody><actuator><motor joint="j"/></actuator></mujoco>"""
+
+
 def mj_model(name: str) -> mujoco.MjModel:
     """A test model from tests/models (name without .xml)."""
     return mujoco.MjModel.from_xml_path(str(MODELS / f"{name}.xml"))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import SHARED_MODELS, assert_close, mj_model, settled_state
+from tests.conftest import ARM_ON_BOX, SHARED_MODELS, assert_close, mj_model, settled_state
 from tests.test_solver import converged
 
 IMPLICIT, UNROLL = diffmj.BackwardMode.IMPLICIT, diffmj.BackwardMode.UNROLL
@@ -86,14 +86,7 @@ def test_implicit_matches_finite_differences():
 @pytest.fixture(scope="module")
 def arm_on_box():
     """A small contact model: a box on a plane with an actuated capsule arm."""
-    xml = """
-    <mujoco><option timestep="0.005" iterations="6" ls_iterations="8"/>
-      <worldbody><geom type="plane" size="2 2 .1"/>
-        <body pos="0 0 .12"><freejoint/><geom type="box" size=".1 .1 .1"/>
-          <body pos=".1 0 0"><joint name="j" axis="0 1 0" range="-1 1"/>
-            <geom type="capsule" fromto="0 0 0 .2 0 0" size=".03"/></body></body>
-      </worldbody><actuator><motor joint="j"/></actuator></mujoco>"""
-    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=6))
     m = diffmj.put_model(mjm)
     d = diffmj.put_data(m, settled_state(mjm, 40))
     assert bool(diffmj.forward(m, d).efc_active.any())

@@ -15,6 +15,7 @@ from torch._dynamo.testing import CompileCounter
 
 import diffmj
 from tests.conftest import (
+    ARM_ON_BOX,
     SHARED_MODELS,
     as_numpy,
     assert_close,
@@ -128,14 +129,7 @@ def test_batch_equals_each_element():
 @pytest.fixture(scope="module")
 def small_contact_model():
     """A box on a plane with a capsule arm: few rows, cheap to compile."""
-    xml = """
-    <mujoco><option timestep="0.005" iterations="4" ls_iterations="8"/>
-      <worldbody><geom type="plane" size="2 2 .1"/>
-        <body pos="0 0 .12"><freejoint/><geom type="box" size=".1 .1 .1"/>
-          <body pos=".1 0 0"><joint name="j" axis="0 1 0" range="-1 1"/>
-            <geom type="capsule" fromto="0 0 0 .2 0 0" size=".03"/></body></body>
-      </worldbody><actuator><motor joint="j"/></actuator></mujoco>"""
-    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=4))
     return mjm, diffmj.put_model(mjm)
 
 
