@@ -301,13 +301,36 @@ def _check(m: Model, d: Data) -> None:
             raise ValueError(f"d.{name} is on {value.device} but the model is on {m.device}")
 
 
+def _canonical_layout(out: Data, d: Data) -> Data:
+    """out with every field contiguous and dependent on the state d (exactly: adds zeros).
+
+    A compiled step guards on its inputs' strides, so a step fed its own output compiles a
+    second graph unless the output is laid out like make_data's. Under torch.vmap, an output
+    may come back transposed (batched matmuls), and one that does not depend on the batch (a
+    model constant in some models: joint transmissions' moment arms, fixed tendons' Jacobians,
+    the static candidate contacts' parameters) comes back as a stride-0 expanded view.
+    """
+    zeros = {}
+
+    def canonical(field: Tensor) -> Tensor:
+        if field.dtype not in zeros:
+            zeros[field.dtype] = torch.zeros_like(d.time, dtype=field.dtype)
+        return (field + zeros[field.dtype]).contiguous()
+
+    return out.apply(canonical)
+
+
 def _map_batch(fn, m: Model, d: Data) -> Data:
     """Apply an unbatched stage over all leading batch dimensions of d with torch.vmap."""
+
+    def per_example(m: Model, d: Data) -> Data:
+        return _canonical_layout(fn(m, d), d)
+
     if not d.batch_dims:
-        return fn(m, d)
+        return per_example(m, d)
     shape = d.batch_size
     flat = d.reshape(-1)
-    out = torch.vmap(fn, in_dims=(None, 0))(m, flat)
+    out = torch.vmap(per_example, in_dims=(None, 0))(m, flat)
     return out.reshape(shape)
 
 

@@ -328,8 +328,7 @@ def _zeros_data(m: Model, batch_shape: tuple[int, ...]) -> dict:
     fields = {k: torch.zeros((*batch_shape, *s), dtype=m.dtype, device=m.device) for k, s in shapes.items()}
     fields["efc_state"] = torch.zeros((*batch_shape, nefc), dtype=torch.long, device=m.device)
     fields["efc_active"] = torch.zeros((*batch_shape, nefc), dtype=torch.bool, device=m.device)
-    fields["eq_active"] = torch.tensor(m.eq_active0, dtype=torch.bool, device=m.device).expand(
-        *batch_shape, m.neq).clone()
+    fields["eq_active"] = _per_example(torch.tensor(m.eq_active0, dtype=torch.bool, device=m.device), batch_shape)
     fields["contact"] = _empty_contacts(m, batch_shape)
     return fields
 
@@ -355,18 +354,26 @@ def _empty_contacts(m: Model, batch_shape: tuple[int, ...]) -> Contact:
     )
 
 
+def _per_example(value: torch.Tensor, batch_shape: tuple[int, ...]) -> torch.Tensor:
+    """value copied for every example, [*batch_shape, *value.shape], freshly laid out.
+
+    Contiguous strides even when empty, as a step's outputs have (a compiled step guards on them).
+    """
+    return value.expand(*batch_shape, *value.shape).clone(memory_format=torch.contiguous_format)
+
+
 def make_data(m: Model, batch_shape: tuple[int, ...] | int = ()) -> Data:
     """Data at the model's default state (qpos0, zero velocity), like ``mujoco.MjData``."""
     if isinstance(batch_shape, int):
         batch_shape = (batch_shape,)
     batch_shape = tuple(batch_shape)
     fields = _zeros_data(m, batch_shape)
-    fields["qpos"] = m.qpos0.expand(*batch_shape, m.nq).clone()
+    fields["qpos"] = _per_example(m.qpos0, batch_shape)
     mocap_bodies = [b for b in range(m.nbody) if m.body_mocapid[b] >= 0]
     mocap_bodies.sort(key=lambda b: m.body_mocapid[b])
     if mocap_bodies:
-        fields["mocap_pos"] = m.body_pos[mocap_bodies].expand(*batch_shape, -1, -1).clone()
-        fields["mocap_quat"] = m.body_quat[mocap_bodies].expand(*batch_shape, -1, -1).clone()
+        fields["mocap_pos"] = _per_example(m.body_pos[mocap_bodies], batch_shape)
+        fields["mocap_quat"] = _per_example(m.body_quat[mocap_bodies], batch_shape)
     return Data(**fields, batch_size=batch_shape)
 
 

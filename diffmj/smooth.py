@@ -161,9 +161,7 @@ def crb(m: Model, d: Data) -> Data:
 
 def factor_m(m: Model, d: Data) -> Data:
     """Cholesky factor of qM (mj_factorM; dense here)."""
-    # row-major like make_data's qLD (LAPACK returns column-major): a compiled step then sees
-    # the same strides on every call and does not recompile
-    return d.replace(qLD=math.cholesky(d.qM).contiguous())
+    return d.replace(qLD=math.cholesky(d.qM))
 
 
 def solve_m(m: Model, d: Data, x: Tensor) -> Tensor:

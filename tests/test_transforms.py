@@ -73,6 +73,19 @@ def test_same_xml_twice_does_not_recompile():
     assert counter.frame_count == 2
 
 
+@pytest.mark.parametrize("name", ["actuators", "chain", "constraints", "contacts", "sensors"])
+def test_batched_step_output_is_laid_out_like_make_data(name):
+    """Same strides in make_data, a batched step and a user's vmap(step): a compiled step fed its
+    own output must pass its stride guards (model-constant fields used to come back as stride-0
+    views, batched matmuls as transposed ones)."""
+    m = diffmj.put_model(mj_model(name))
+    d = diffmj.make_data(m, 3)
+    outputs = (diffmj.step(m, d), torch.vmap(diffmj.step, in_dims=(None, 0))(m, d))
+    for key, field in d.items(include_nested=True, leaves_only=True):
+        for out in outputs:
+            assert out.get(key).stride() == field.stride(), key
+
+
 def test_compiled_vmap_step_has_no_graph_break():
     counter = CompileCounter()
     mjm = mj_model("actuators")
