@@ -184,7 +184,7 @@ def run_runner(run: Run, runner: Runner, model: Path, batch_sizes: list[int]) ->
     """Records of one side on one model; every process starts on an empty inductor cache.
 
     A record's ``compile`` entry becomes ``{"cold": ...}``, plus ``"warm"`` for
-    a runner with ``warm_compile`` (unless --no-warm-compile).
+    a runner with ``warm_compile`` at the batch sizes in --warm-compile-batch-sizes.
     """
     groups = [[b] for b in batch_sizes] if runner.process_per_batch_size else [batch_sizes]
     records = []
@@ -195,7 +195,7 @@ def run_runner(run: Run, runner: Runner, model: Path, batch_sizes: list[int]) ->
                 if "compile" not in record:
                     continue
                 record["compile"] = {"cold": record["compile"]}
-                if runner.warm_compile and run.args.warm_compile:
+                if runner.warm_compile and record["batch_size"] in run.args.warm_compile_batch_sizes:
                     (warm,) = run_batch_sizes(run, runner, model, [record["batch_size"]], cache, ("--compile-only",))
                     record["compile"]["warm"] = warm.get("compile", {"error": warm.get("error")})
         records += cold
@@ -333,13 +333,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tolerance", type=float, help="solver tolerance (default: the XML's)")
     parser.add_argument("--runners", nargs="+", choices=list(RUNNERS), default=list(RUNNERS),
                         help="sides to run (default: all)")
-    parser.add_argument("--no-warm-compile", dest="warm_compile", action="store_false",
-                        help="skip the second, warm-cache compile of diffmj")
+    parser.add_argument("--warm-compile-batch-sizes", type=int, nargs="*",
+                        help="batch sizes at which diffmj is compiled a second time, on the warm cache "
+                             "(default: --compiled-batch-sizes; none if given without a value)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed to one runner process")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output (default: %(default)s)")
     args = parser.parse_args()
     args.compiled_batch_sizes = args.compiled_batch_sizes or args.batch_sizes
     args.mjx_batch_sizes = args.mjx_batch_sizes or args.batch_sizes
+    if args.warm_compile_batch_sizes is None:
+        args.warm_compile_batch_sizes = args.compiled_batch_sizes
     args.models = [m.resolve() for m in args.models]
     return args
 
