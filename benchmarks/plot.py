@@ -2,6 +2,7 @@
 
     python benchmarks/plot.py                                   # results/step_throughput.json
     python benchmarks/plot.py results.json --out results.png
+    python benchmarks/plot.py a.json b.json --out both.png       # the records of several runs
 
 Needs matplotlib, which is not a dependency of diffmj: install it into any
 environment (``pip install matplotlib``); this script reads only the JSON.
@@ -28,8 +29,8 @@ LABELS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("json", nargs="?", type=Path, default=DEFAULT_JSON)
-    parser.add_argument("--out", type=Path, help="PNG path (default: the JSON's, with .png)")
+    parser.add_argument("json", nargs="*", type=Path, default=[DEFAULT_JSON])
+    parser.add_argument("--out", type=Path, help="PNG path (default: the first JSON's, with .png)")
     args = parser.parse_args()
     try:
         import matplotlib
@@ -39,13 +40,17 @@ def main() -> None:
     except ImportError:
         sys.exit("plot.py needs matplotlib, which diffmj does not depend on: pip install matplotlib")
 
-    result = json.loads(args.json.read_text())
-    records = [r for r in result["records"] if "steps_per_second" in r]
+    results = [json.loads(path.read_text()) for path in args.json]
+    records = [r for result in results for r in result["records"] if "steps_per_second" in r]
     models = sorted({r["model"] for r in records})
     if not models:
-        sys.exit(f"{args.json} has no measured throughput to plot")
-    fig, axes = plt.subplots(1, len(models), figsize=(max(7.0, 5.5 * len(models)), 5.0), squeeze=False)
-    for ax, model in zip(axes[0], models):
+        sys.exit(f"{' '.join(map(str, args.json))}: no measured throughput to plot")
+    ncols = min(3, len(models))
+    nrows = -(-len(models) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.0, 5.5 * ncols), 5.0 * nrows), squeeze=False)
+    for ax in axes.flat[len(models):]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, models):
         for backend, label in LABELS.items():
             points = sorted((r["batch_size"], r["steps_per_second"]) for r in records
                             if r["model"] == model and r["backend"] == backend)
@@ -54,12 +59,18 @@ def main() -> None:
         ax.set(xscale="log", yscale="log", title=model, xlabel="batch size B",
                ylabel="simulated steps / second")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize="small")
-    machine = result["machine"]
-    fig.suptitle(f"diffmj step throughput, {result['settings']['dtype']}, {result['date'][:10]}\n"
+    handles = {}
+    for ax in axes.flat:
+        handles.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend([handles[label] for label in LABELS.values() if label in handles],
+               [label for label in LABELS.values() if label in handles], loc="lower center", ncol=len(handles), fontsize="small")
+    machine = results[0]["machine"]
+    dates = sorted({result["date"][:10] for result in results})
+    dtypes = sorted({result["settings"]["dtype"] for result in results})
+    fig.suptitle(f"diffmj step throughput, {', '.join(dtypes)}, {', '.join(dates)}\n"
                  f"{machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}", fontsize="medium")
-    fig.tight_layout()
-    out = args.out or args.json.with_suffix(".png")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))  # room for the legend below the panels
+    out = args.out or args.json[0].with_suffix(".png")
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
 
