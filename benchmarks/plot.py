@@ -59,11 +59,12 @@ def main() -> None:
         ax.set(xscale="log", yscale="log", title=model, xlabel="batch size B",
                ylabel="simulated steps / second")
         ax.grid(True, which="both", alpha=0.3)
-    handles = {}
+    handles = {}  # label -> line, over all panels: a backend may be missing from some
     for ax in axes.flat:
-        handles.update(zip(*reversed(ax.get_legend_handles_labels())))
-    fig.legend([handles[label] for label in LABELS.values() if label in handles],
-               [label for label in LABELS.values() if label in handles], loc="lower center", ncol=len(handles), fontsize="small")
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles[label] = handle
+    labels = [label for label in LABELS.values() if label in handles]
+    fig.legend([handles[label] for label in labels], labels, loc="lower center", ncol=len(labels), fontsize="small")
     machine = results[0]["machine"]
     dates = sorted({result["date"][:10] for result in results})
     dtypes = sorted({result["settings"]["dtype"] for result in results})
