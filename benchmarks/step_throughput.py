@@ -293,11 +293,13 @@ def markdown(result: dict) -> str:
     compiled = [r for r in records if "compile" in r]
     if compiled:
         lines += ["", "Compile time: seconds of the calls until the step runs without compiling "
-                  "(graphs compiled); cold: empty cache, warm: a new process on the cache the cold one filled", "",
-                  "| model | B | backend | cold | warm |", "|---|---:|---|---:|---:|"]
+                  "(graphs compiled); cold: empty cache, warm: a new process on the cache the cold one filled; "
+                  "vs eager: largest difference of qpos, qvel, act, qacc, sensordata after those calls", "",
+                  "| model | B | backend | cold | warm | vs eager |", "|---|---:|---|---:|---:|---:|"]
         for r in compiled:
             cells = [f"{c['total_s']:.1f} ({c['graphs']})" if c and "total_s" in c else ""
                      for c in (r["compile"]["cold"], r["compile"].get("warm"))]
+            cells.append(f"{r['max_abs_diff_vs_eager']:.0e}" if "max_abs_diff_vs_eager" in r else "")
             lines.append(f"| {r['model']} | {r['batch_size']} | {BACKENDS[r['backend']]} | {' | '.join(cells)} |")
 
     errors = [r for r in records if "error" in r]

@@ -101,7 +101,7 @@ def actuation(m: Model, d: Data) -> Data:
     qfrc = force @ d.actuator_moment
     if plan.actgravcomp_dof.shape[0] and not m.opt.disabled(DisableBit.GRAVITY):
         dofs = plan.actgravcomp_dof
-        qfrc = qfrc.index_add(0, dofs, d.qfrc_gravcomp[dofs])
+        qfrc = math.add_at(qfrc, dofs, d.qfrc_gravcomp[dofs])
     if plan.jnt_frclimited_dofadr.shape[0]:
         # MuJoCo clamps the first dof of each limited joint
         dofs, jnts = plan.jnt_frclimited_dofadr, plan.jnt_frclimited_jnt

@@ -98,7 +98,7 @@ def _forward(m: Model, d: Data, sensors: bool = True) -> Data:
 def integrate_pos(m: Model, qpos: Tensor, qvel: Tensor, dt: Tensor) -> Tensor:
     """qpos advanced by qvel over dt, quaternions on the manifold (mj_integratePos). [nq]"""
     tree = m.tree
-    new = qpos.index_add(0, tree.scalar_qposadr, dt * qvel[tree.scalar_dofadr])
+    new = math.add_at(qpos, tree.scalar_qposadr, dt * qvel[tree.scalar_dofadr])
 
     def rotate(new: Tensor, qadr: Tensor, dofadr: Tensor) -> Tensor:
         quat = math.quat_integrate(math.gather_blocks(qpos, qadr, 4), math.gather_blocks(qvel, dofadr, 3), dt)
@@ -308,16 +308,20 @@ def _canonical_layout(out: Data, d: Data) -> Data:
     second graph unless the output is laid out like make_data's. Under torch.vmap, an output
     may come back transposed (batched matmuls), and one that does not depend on the batch (a
     model constant in some models: joint transmissions' moment arms, fixed tendons' Jacobians,
-    the static candidate contacts' parameters) comes back as a stride-0 expanded view.
+    the static candidate contacts' parameters) comes back as a stride-0 expanded view. An
+    empty field (site_xmat of a model without sites) is passed through from d: inductor may
+    give a fresh empty tensor stride 0, and it holds nothing to compute.
     """
     zeros = {}
 
-    def canonical(field: Tensor) -> Tensor:
+    def canonical(field: Tensor, like: Tensor) -> Tensor:
+        if field.numel() == 0 and field.shape == like.shape and field.dtype == like.dtype:
+            return like
         if field.dtype not in zeros:
             zeros[field.dtype] = torch.zeros_like(d.time, dtype=field.dtype)
         return (field + zeros[field.dtype]).contiguous()
 
-    return out.apply(canonical)
+    return out.apply(canonical, d)
 
 
 def _map_batch(fn, m: Model, d: Data) -> Data:

@@ -235,10 +235,20 @@ def gather_blocks(x: Tensor, adr: Tensor, width: int) -> Tensor:
     return x[adr[:, None] + torch.arange(width, device=adr.device)]
 
 
+def add_at(target: Tensor, index: Tensor, values: Tensor) -> Tensor:
+    """target with values[k] added to target[index[k]], for distinct indices (out of place).
+
+    Equal to target.index_add(0, index, values), written as a gather and a copy: inductor's
+    CPU code for an index_add fused into a 2D-tiled loop writes out of bounds when torch runs
+    on more than one thread (pytorch/pytorch#191837; ant's joint springs hit it).
+    """
+    return target.index_copy(0, index, target[index] + values)
+
+
 def add_blocks(target: Tensor, adr: Tensor, values: Tensor) -> Tensor:
-    """target with values[k] added to target[adr[k] : adr[k] + width] (out of place)."""
+    """target with values[k] added to target[adr[k] : adr[k] + width], for disjoint blocks."""
     index = adr[:, None] + torch.arange(values.shape[-1], device=adr.device)
-    return target.index_add(0, index.reshape(-1), values.reshape(-1))
+    return add_at(target, index.reshape(-1), values.reshape(-1))
 
 
 def cholesky(a: Tensor) -> Tensor:

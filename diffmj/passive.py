@@ -18,7 +18,7 @@ def spring_force(m: Model, d: Data) -> Tensor:
 
     k = m.jnt_stiffness[tree.scalar_jnt]
     x = qpos[tree.scalar_qposadr] - qpos_spring[tree.scalar_qposadr]
-    frc = frc.index_add(0, tree.scalar_dofadr, -k * x)
+    frc = math.add_at(frc, tree.scalar_dofadr, -k * x)
 
     def rotational(jnt: Tensor, qadr: Tensor, dofadr: Tensor, frc: Tensor) -> Tensor:
         quat = math.quat_normalize(math.gather_blocks(qpos, qadr, 4))

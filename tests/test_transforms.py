@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import mujoco
 import pytest
 import torch
@@ -58,6 +62,8 @@ def test_compiled_step_equals_eager(compiled_step, dtype):
     for name in ("qpos", "qvel", "qacc", "xpos", "cvel", "qfrc_bias", "actuator_force"):
         assert_close(name, getattr(compiled, name), getattr(eager, name), tol)
     assert set(compiled.keys()) == set(eager.keys())
+    with torch._dynamo.config.patch(error_on_recompile=True):  # empty fields (no sites) keep their strides
+        compiled_step[dtype](m, compiled)
 
 
 def test_same_xml_twice_does_not_recompile():
@@ -112,3 +118,39 @@ def test_gradcheck_step():
     inputs = (d.qpos, d.qvel, d.ctrl, m.body_mass, m.dof_damping, m.actuator_gainprm)
     inputs = tuple(x.detach().clone().requires_grad_(True) for x in inputs)
     assert torch.autograd.gradcheck(step, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+# A scatter fused into a 2D-tiled loop (beside a transposed read), compiled with inductor on two
+# threads: torch.index_add writes out of bounds there and aborts the process (pytorch/pytorch#191837).
+_TILED_SCATTER = textwrap.dedent("""
+    import torch
+    from diffmj import math
+    torch.set_num_threads(2)
+    def f(q, vt, idx, k, lo):
+        force = (torch.maximum(vt.t() * k, lo) + q).contiguous()
+        spring = torch.vmap(lambda qi: math.add_at(torch.zeros_like(qi), idx, -k * qi[idx]))(q)
+        return spring, force
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(64, 8, generator=g, dtype=torch.float64), torch.randn(8, 64, generator=g, dtype=torch.float64),
+            torch.randperm(8, generator=g), torch.rand(8, generator=g, dtype=torch.float64),
+            torch.rand(8, generator=g, dtype=torch.float64))
+    compiled = torch.compile(f, fullgraph=True)
+    for _ in range(3):
+        out = compiled(*args)
+    for a, b in zip(out, f(*args)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+""")
+
+
+def test_add_at_in_a_tiled_compiled_kernel():
+    """math.add_at (joint springs, scalar-joint integration) runs where index_add crashes."""
+    run = subprocess.run([sys.executable, "-c", _TILED_SCATTER], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_add_at_equals_index_add():
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(10, 3, generator=g, dtype=torch.float64)
+    index = torch.tensor([7, 2, 9, 0])
+    values = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    assert torch.equal(diffmj.math.add_at(target, index, values), target.index_add(0, index, values))
