@@ -4,6 +4,9 @@
     python benchmarks/plot.py results.json --out results.png
     python benchmarks/plot.py a.json b.json --out both.png       # the records of several runs
 
+Of several runs' records for the same model, backend and batch size, the last
+file's is plotted (a re-run replaces what it re-measured).
+
 Needs matplotlib, which is not a dependency of diffmj: install it into any
 environment (``pip install matplotlib``); this script reads only the JSON.
 """
@@ -41,7 +44,9 @@ def main() -> None:
         sys.exit("plot.py needs matplotlib, which diffmj does not depend on: pip install matplotlib")
 
     results = [json.loads(path.read_text()) for path in args.json]
-    records = [r for result in results for r in result["records"] if "steps_per_second" in r]
+    latest = {(r["model"], r["backend"], r["batch_size"]): r
+              for result in results for r in result["records"] if "steps_per_second" in r}
+    records = list(latest.values())
     models = sorted({r["model"] for r in records})
     if not models:
         sys.exit(f"{' '.join(map(str, args.json))}: no measured throughput to plot")
