@@ -81,7 +81,6 @@ def bench_compiled(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int, args: 
             (getattr(d, name) - getattr(eager, name)).abs().max().item() if getattr(d, name).numel() else 0.0
             for name in COMPARED_FIELDS
         )
-    if not args.compile_only:
         record.update(harness.measure(stepper(m, compiled, d0, args.nsteps), batch_size, args.nsteps, args.repeats))
     return record
 
