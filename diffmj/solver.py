@@ -256,50 +256,68 @@ def _newton_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol
     return alpha
 
 
-def _piecewise_derivatives(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, alpha: Tensor):
-    """First and second derivatives of the (cone-free) 1-D cost at steps alpha [k]. [k] each."""
-    x = jar[None, :] + alpha[:, None] * Jv[None, :]  # [k, nefc]
+def _row_slopes(p: Problem, jar: Tensor, Jv: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """Each (cone-free) row's cost derivative along the search, const + coef * alpha, in the zone x lies in.
+
+    jar, Jv: [nefc]; x: [..., nefc] the rows' values at the probe. Returns (const, coef) [..., nefc].
+    """
     rf = p.R * p.frictionloss
     quadratic = torch.where(p.equality, True, torch.where(p.friction, (x > -rf) & (x < rf), x < 0)) & p.active
     linear = p.friction & p.active & ~quadratic
-    slope = torch.where(quadratic, p.D * x * Jv, torch.where(linear, torch.sign(x) * p.frictionloss * Jv, 0.0))
-    curvature = torch.where(quadratic, p.D * Jv * Jv, 0.0)
-    return slope.sum(-1) + 2 * alpha * quad_gauss[2] + quad_gauss[1], curvature.sum(-1) + 2 * quad_gauss[2]
+    const = torch.where(quadratic, p.D * jar * Jv, torch.where(linear, torch.sign(x) * p.frictionloss * Jv, 0.0))
+    coef = torch.where(quadratic, p.D * Jv * Jv, 0.0)
+    return const, coef
 
 
 def _breakpoint_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor) -> Tensor:
-    """Exact minimiser of a convex piecewise-quadratic 1-D cost.
+    """Exact minimiser of a convex piecewise-quadratic 1-D cost, in O(nefc log nefc).
 
     The derivative is continuous and piecewise linear with kinks where a row
-    changes state (x = 0 for limits and contacts, x = +-R f for frictionloss).
-    Evaluate it at 0 and at every kink ahead, take the first interval where it
-    turns non-negative and solve the linear piece there.
+    changes zone (x = 0 for limits and contacts, x = +-R f for frictionloss).
+    Sort the kinks ahead and sweep them with running sums of how each crossing
+    changes the derivative's coefficients; the minimiser is the root of the
+    piece that ends at the first kink where the derivative turns non-negative.
+    That piece's coefficients are then summed afresh, free of the running sums'
+    rounding.
     """
     moving = p.active & (Jv != 0)
     Jv_safe = torch.where(moving, Jv, 1.0)
     rf = p.R * p.frictionloss
     one_sided = ~p.equality & ~p.friction
+    quad_const, quad_coef = p.D * jar * Jv, p.D * Jv * Jv  # slope of a row in its quadratic zone
+    linear = p.frictionloss * Jv  # slope of a frictionloss row above +R f
     kinks = torch.cat((
         torch.where(moving & one_sided, -jar / Jv_safe, -1.0),
         torch.where(moving & p.friction, (rf - jar) / Jv_safe, -1.0),
         torch.where(moving & p.friction, (-rf - jar) / Jv_safe, -1.0),
     ))
-    kinks = torch.sort(torch.where(kinks > 0, kinks, torch.inf)).values
-    points = torch.cat((torch.zeros_like(kinks[:1]), kinks))  # [n + 1]
-    finite = torch.isfinite(points)
-    slope, _ = _piecewise_derivatives(p, jar, Jv, quad_gauss, torch.where(finite, points, 0.0))
-    # first point with a non-negative derivative; the minimiser lies just before it
-    ahead = finite & (slope >= 0)
-    has_stop = ahead.any(-1)
-    stop = torch.where(has_stop, ahead.long().argmax(-1), finite.long().sum(-1))
-    start = torch.clamp(stop - 1, min=0)
-    a0 = points.gather(-1, start[None])[0]
-    d0 = slope.gather(-1, start[None])[0]
-    a1 = points.gather(-1, torch.clamp(stop, max=points.shape[-1] - 1)[None])[0]
-    mid = torch.where(has_stop & (stop > 0), 0.5 * (a0 + torch.where(torch.isfinite(a1), a1, a0)), a0 + 1)
-    _, curvature = _piecewise_derivatives(p, jar, Jv, quad_gauss, mid[None])
-    alpha = a0 - d0 / torch.clamp(curvature[0], min=math.MINVAL)
-    return torch.where(stop == 0, 0.0, alpha)
+    # change of the slope's (const, coef) as x passes the kink upwards; sign(Jv) says which way it passes
+    up = torch.sign(Jv).repeat(3)
+    d_const = up * torch.cat((-quad_const, linear - quad_const, quad_const + linear))
+    d_coef = up * torch.cat((-quad_coef, -quad_coef, quad_coef))
+    ahead = kinks > 0
+    kinks, order = torch.sort(torch.where(ahead, kinks, torch.inf))
+    d_const = torch.where(ahead, d_const, 0.0).gather(-1, order)
+    d_coef = torch.where(ahead, d_coef, 0.0).gather(-1, order)
+    finite = torch.isfinite(kinks)
+
+    # piece j runs from kink j-1 (or 0) to kink j (or infinity): [n + 1]
+    starts = torch.cat((torch.zeros_like(kinks[:1]), torch.where(finite, kinks, 0.0)))
+    first_probe = torch.where(finite[0], 0.5 * kinks[0], 1.0)
+    const0, coef0 = _row_slopes(p, jar, Jv, jar + first_probe * Jv)
+    const = const0.sum(-1) + quad_gauss[1] + torch.cat((torch.zeros_like(kinks[:1]), torch.cumsum(d_const, -1)))
+    coef = coef0.sum(-1) + 2 * quad_gauss[2] + torch.cat((torch.zeros_like(kinks[:1]), torch.cumsum(d_coef, -1)))
+    # derivative at each kink, from the piece that ends there (it is continuous)
+    at_kink = const[:-1] + coef[:-1] * starts[1:]
+    turns = finite & (at_kink >= 0)
+    stop = torch.where(turns.any(-1), turns.long().argmax(-1), finite.long().sum(-1))
+    a0 = starts.gather(-1, stop[None])[0]
+    a1 = kinks.gather(-1, torch.clamp(stop, max=kinks.shape[-1] - 1)[None])[0]
+    mid = torch.where(stop < finite.long().sum(-1), 0.5 * (a0 + a1), a0 + 1)
+    piece_const, piece_coef = _row_slopes(p, jar, Jv, jar + mid * Jv)
+    alpha = -(piece_const.sum(-1) + quad_gauss[1]) / torch.clamp(piece_coef.sum(-1) + 2 * quad_gauss[2], min=math.MINVAL)
+    # not a descent direction: the derivative at 0 is already non-negative
+    return torch.where(const0.sum(-1) + quad_gauss[1] >= 0, 0.0, alpha)
 
 
 class Settings(NamedTuple):
