@@ -65,7 +65,7 @@ def _tendon_totals(m: Model, force: Tensor) -> Tensor:
     """Total force of the actuators on each force-limited tendon, per such actuator. [k]"""
     plan = m.actuator_plan
     acts, tendons = plan.tendon_frclimited_act, plan.tendon_frclimited_id
-    total = torch.zeros(m.ntendon, dtype=force.dtype, device=force.device).index_add(0, tendons, force[acts])
+    total = math.sum_at(m.ntendon, tendons, force[acts])
     return total[tendons]
 
 

@@ -245,6 +245,18 @@ def add_at(target: Tensor, index: Tensor, values: Tensor) -> Tensor:
     return target.index_copy(0, index, target[index] + values)
 
 
+def sum_at(size: int, index: Tensor, values: Tensor) -> Tensor:
+    """Sums of values [k, ...] by index [k] into size rows, repeats allowed: [size, ...].
+
+    Equal to zeros(size, ...).index_add(0, index, values), written as a masked sum over a
+    [size, k] selection so that no index_add reaches inductor (pytorch/pytorch#191837, see
+    add_at). Meant for short static index lists: tendon wraps, sensors, contact slots.
+    """
+    select = index == torch.arange(size, device=index.device)[:, None]
+    select = select.reshape(select.shape + (1,) * (values.dim() - 1))
+    return torch.where(select, values, 0.0).sum(1)
+
+
 def add_blocks(target: Tensor, adr: Tensor, values: Tensor) -> Tensor:
     """target with values[k] added to target[adr[k] : adr[k] + width], for disjoint blocks."""
     index = adr[:, None] + torch.arange(values.shape[-1], device=adr.device)

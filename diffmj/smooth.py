@@ -134,12 +134,9 @@ def tendon(m: Model, d: Data) -> Data:
     if not m.ntendon:
         return d
     plan = m.tendon_plan
-    length = torch.zeros(m.ntendon, dtype=m.dtype, device=m.device).index_add(
-        0, plan.wrap_tendon, m.wrap_prm * d.qpos[plan.wrap_qposadr]
-    )
-    ten_j = torch.zeros(m.ntendon, m.nv, dtype=m.dtype, device=m.device).index_put(
-        (plan.wrap_tendon, plan.wrap_dofadr), m.wrap_prm, accumulate=True
-    )
+    length = math.sum_at(m.ntendon, plan.wrap_tendon, m.wrap_prm * d.qpos[plan.wrap_qposadr])
+    ten_j = math.sum_at(m.ntendon * m.nv, plan.wrap_tendon * m.nv + plan.wrap_dofadr, m.wrap_prm)
+    ten_j = ten_j.reshape(m.ntendon, m.nv)
     return d.replace(ten_length=length, ten_J=ten_j)
 
 
@@ -354,11 +351,12 @@ def rne_post_constraint(m: Model, d: Data) -> Data:
         geom = m.collision_plan.contact_geom
         body1, body2 = tree.geom_bodyid[geom[:, 0]], tree.geom_bodyid[geom[:, 1]]
         pos = d.contact.pos
-        ext = ext.index_add(0, body1, -to_com(wrench, pos, body1)).index_add(0, body2, to_com(wrench, pos, body2))
+        ext = ext - math.sum_at(m.nbody, body1, to_com(wrench, pos, body1))
+        ext = ext + math.sum_at(m.nbody, body2, to_com(wrench, pos, body2))
     if m.constraint_plan.connect_eq.shape[0] or m.constraint_plan.weld_eq.shape[0]:
         wrench, point1, point2, body1, body2 = _equality_wrenches(m, d)
-        ext = ext.index_add(0, body1, to_com(wrench, point1, body1))
-        ext = ext.index_add(0, body2, -to_com(wrench, point2, body2))
+        ext = ext + math.sum_at(m.nbody, body1, to_com(wrench, point1, body1))
+        ext = ext - math.sum_at(m.nbody, body2, to_com(wrench, point2, body2))
     world = torch.arange(m.nbody, device=ext.device)[:, None] == 0
     ext = torch.where(world, 0.0, ext)
 
