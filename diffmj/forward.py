@@ -302,15 +302,18 @@ def _check(m: Model, d: Data) -> None:
 
 
 def _canonical_layout(out: Data, d: Data) -> Data:
-    """out with every field contiguous and dependent on the state d (exactly: adds zeros).
+    """out with every field its own contiguous tensor, dependent on the state d (exactly: adds zeros).
 
-    A compiled step guards on its inputs' strides, so a step fed its own output compiles a
-    second graph unless the output is laid out like make_data's. Under torch.vmap, an output
-    may come back transposed (batched matmuls), and one that does not depend on the batch (a
-    model constant in some models: joint transmissions' moment arms, fixed tendons' Jacobians,
-    the static candidate contacts' parameters) comes back as a stride-0 expanded view. An
-    empty field (site_xmat of a model without sites) is passed through from d: inductor may
-    give a fresh empty tensor stride 0, and it holds nothing to compute.
+    A compiled step guards on its inputs' strides and on none of them being the same tensor,
+    so a step fed its own output compiles a second graph unless the output is laid out like
+    make_data's. Under torch.vmap, an output may come back transposed (batched matmuls), and
+    one that does not depend on the batch (a model constant in some models: joint
+    transmissions' moment arms, fixed tendons' Jacobians, the static candidate contacts'
+    parameters) comes back as a stride-0 expanded view. Fields equal to another (qacc,
+    qacc_warmstart and, without constraints, qacc_smooth) would come back as one buffer if
+    the zero added were a known constant: inductor drops `x + 0` and `clone` as no-ops and
+    folds `t * 0` (an int zero) to 0, so the zero is d.time * 0.0, which it keeps. An empty field (site_xmat of a model without sites) is passed
+    through from d: inductor may give a fresh empty tensor stride 0, and it holds nothing.
     """
     zeros = {}
 
@@ -318,7 +321,7 @@ def _canonical_layout(out: Data, d: Data) -> Data:
         if field.numel() == 0 and field.shape == like.shape and field.dtype == like.dtype:
             return like
         if field.dtype not in zeros:
-            zeros[field.dtype] = torch.zeros_like(d.time, dtype=field.dtype)
+            zeros[field.dtype] = (d.time * 0.0).to(field.dtype)
         return (field + zeros[field.dtype]).contiguous()
 
     return out.apply(canonical, d)

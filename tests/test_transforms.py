@@ -62,6 +62,10 @@ def test_compiled_step_equals_eager(compiled_step, dtype):
     for name in ("qpos", "qvel", "qacc", "xpos", "cvel", "qfrc_bias", "actuator_force"):
         assert_close(name, getattr(compiled, name), getattr(eager, name), tol)
     assert set(compiled.keys()) == set(eager.keys())
+    # equal fields (qacc, qacc_warmstart, qacc_smooth here) are separate tensors: a step reading
+    # two aliased inputs recompiles on its guard against duplicate tensors
+    buffers = [v.data_ptr() for v in compiled.values(True, True) if v.numel()]
+    assert len(buffers) == len(set(buffers)), "output fields share a buffer"
     with torch._dynamo.config.patch(error_on_recompile=True):  # empty fields (no sites) keep their strides
         compiled_step[dtype](m, compiled)
 
