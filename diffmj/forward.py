@@ -312,8 +312,9 @@ def _canonical_layout(out: Data, d: Data) -> Data:
     parameters) comes back as a stride-0 expanded view. Fields equal to another (qacc,
     qacc_warmstart and, without constraints, qacc_smooth) would come back as one buffer if
     the zero added were a known constant: inductor drops `x + 0` and `clone` as no-ops and
-    folds `t * 0` (an int zero) to 0, so the zero is d.time * 0.0, which it keeps. An empty field (site_xmat of a model without sites) is passed
-    through from d: inductor may give a fresh empty tensor stride 0, and it holds nothing.
+    folds `t * 0` (an int zero) to 0, so the zero is d.time * 0.0, which it keeps. An empty
+    field (site_xmat of a model without sites) is passed through from d: inductor may give
+    a fresh empty tensor stride 0, and it holds nothing.
     """
     zeros = {}
 

@@ -315,7 +315,8 @@ def _breakpoint_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor) 
     a1 = kinks.gather(-1, torch.clamp(stop, max=kinks.shape[-1] - 1)[None])[0]
     mid = torch.where(stop < finite.long().sum(-1), 0.5 * (a0 + a1), a0 + 1)
     piece_const, piece_coef = _row_slopes(p, jar, Jv, jar + mid * Jv)
-    alpha = -(piece_const.sum(-1) + quad_gauss[1]) / torch.clamp(piece_coef.sum(-1) + 2 * quad_gauss[2], min=math.MINVAL)
+    curvature = torch.clamp(piece_coef.sum(-1) + 2 * quad_gauss[2], min=math.MINVAL)
+    alpha = -(piece_const.sum(-1) + quad_gauss[1]) / curvature
     # not a descent direction: the derivative at 0 is already non-negative
     return torch.where(const0.sum(-1) + quad_gauss[1] >= 0, 0.0, alpha)
 
