@@ -326,7 +326,8 @@ def parse_args() -> argparse.Namespace:
                         help="batch sizes for diffmj compiled (default: --batch-sizes); "
                              "each costs a cold and a warm compile")
     parser.add_argument("--mjx-batch-sizes", type=int, nargs="+",
-                        help="batch sizes for MJX (default: --batch-sizes)")
+                        help="batch sizes for MJX (default: --batch-sizes); jax 0.10.2 hangs at B=1024 on "
+                             "halfcheetah and walker2d here")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     parser.add_argument("--nsteps", type=int, default=100, help="steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; the median is reported")
