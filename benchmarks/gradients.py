@@ -30,7 +30,7 @@ import torch
 import diffmj
 
 BENCH = Path(__file__).resolve().parent
-MODELS = BENCH.parents[1] / "shared" / "models"
+MODELS = BENCH.parent / "models"
 sys.path.insert(0, str(BENCH))
 import harness  # noqa: E402
 

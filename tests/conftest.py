@@ -16,7 +16,7 @@ import diffmj
 torch.set_num_threads(1)
 
 MODELS = pathlib.Path(__file__).parent / "models"
-SHARED_MODELS = pathlib.Path(__file__).parents[1].parent / "shared" / "models"
+BENCHMARK_MODELS = pathlib.Path(__file__).parents[1] / "models"  # the five benchmark models
 
 # One tolerance table (float64, scale-aware: |a - b| <= tol * (1 + |b|)).
 TOL = {

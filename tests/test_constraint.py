@@ -8,7 +8,7 @@ import pytest
 
 import diffmj
 from tests.conftest import (
-    SHARED_MODELS,
+    BENCHMARK_MODELS,
     assert_close,
     as_numpy,
     match_contacts,
@@ -64,7 +64,7 @@ def test_equality_friction_limit_rows(seed):
 @pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
 def test_contact_rows(name, cone):
     """Every geom pair type, condim, mixing rule, pair / exclude (contacts.xml) and the shared models."""
-    path = SHARED_MODELS / f"{name}.xml"
+    path = BENCHMARK_MODELS / f"{name}.xml"
     mjm = mujoco.MjModel.from_xml_path(str(path)) if path.exists() else mj_model(name)
     mjm.opt.cone = getattr(mujoco.mjtCone, f"mjCONE_{cone.upper()}")
     for steps in (60, 140, 300):

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import SHARED_MODELS, mj_model, settled_state
+from tests.conftest import BENCHMARK_MODELS, mj_model, settled_state
 
 MODELS = ["humanoid", "ant", "walker2d", "halfcheetah", "hopper", "contacts"]
 
 
 def _load(name: str) -> mujoco.MjModel:
-    path = SHARED_MODELS / f"{name}.xml"
+    path = BENCHMARK_MODELS / f"{name}.xml"
     mjm = mujoco.MjModel.from_xml_path(str(path)) if path.exists() else mj_model(name)
     mjm.opt.iterations, mjm.opt.ls_iterations = min(mjm.opt.iterations, 8), min(mjm.opt.ls_iterations, 8)
     return mjm

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import ARM_ON_BOX, SHARED_MODELS, assert_close, mj_model, settled_state
+from tests.conftest import ARM_ON_BOX, BENCHMARK_MODELS, assert_close, mj_model, settled_state
 from tests.test_solver import converged
 
 IMPLICIT, UNROLL = diffmj.BackwardMode.IMPLICIT, diffmj.BackwardMode.UNROLL
@@ -156,7 +156,7 @@ def test_compiled_transforms(arm_on_box, transform, backend):
 
 
 def test_backward_memory_independent_of_iterations():
-    mjm = mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "humanoid.xml"))
+    mjm = mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / "humanoid.xml"))
     mjd = settled_state(mjm, 150)
     mjm.opt.tolerance = 0  # run every iteration
     saved = {}
@@ -214,7 +214,7 @@ def _mujoco_step_jacobian(mjm, mjd, eps=1e-6):
 
 @pytest.mark.parametrize("name", ["hopper", "halfcheetah", "humanoid", "ant", "walker2d"])
 def test_transition_jacobians_match_mujoco(name):
-    mjm = converged(mujoco.MjModel.from_xml_path(str(SHARED_MODELS / f"{name}.xml")))
+    mjm = converged(mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / f"{name}.xml")))
     mjd = settled_state(mjm, 150)
     m = diffmj.put_model(mjm)
     A, B, C, D = diffmj.grad.transition_jacobians(m, diffmj.put_data(m, mjd))
@@ -246,7 +246,7 @@ def test_transition_jacobians_match_mujoco(name):
 
 
 def test_transition_jacobians_match_own_differences():
-    mjm = converged(mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "hopper.xml")))
+    mjm = converged(mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / "hopper.xml")))
     mjd = settled_state(mjm, 150)
     m = diffmj.put_model(mjm)
     d = diffmj.put_data(m, mjd)
@@ -262,7 +262,7 @@ def test_transition_jacobians_match_own_differences():
 
 
 def test_transition_jacobians_batched():
-    mjm = mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "hopper.xml"))
+    mjm = mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / "hopper.xml"))
     m = diffmj.put_model(mjm)
     datas = [diffmj.put_data(m, settled_state(mjm, n)) for n in (50, 150)]
     batched = diffmj.grad.transition_jacobians(m, torch.stack(datas))

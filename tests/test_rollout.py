@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import SHARED_MODELS, assert_close, mj_model, settled_state
+from tests.conftest import BENCHMARK_MODELS, assert_close, mj_model, settled_state
 
 INTEGRATORS = {"euler": 0, "rk4": 1, "implicitfast": 3}
 
 
 def _setup(name: str, steps: int = 60, integrator: str | None = None, dtype=torch.float64):
-    path = SHARED_MODELS / f"{name}.xml"
+    path = BENCHMARK_MODELS / f"{name}.xml"
     mjm = mujoco.MjModel.from_xml_path(str(path)) if path.exists() else mj_model(name)
     mjm.opt.iterations = min(mjm.opt.iterations, 20)
     if integrator:

@@ -17,7 +17,7 @@ import torch
 import diffmj
 from diffmj.forward import fwd_position, fwd_velocity
 from diffmj.sensor import ray_geom, sensor_acc, sensor_pos, sensor_vel
-from tests.conftest import SHARED_MODELS, TOL, assert_close, mj_model, random_state, settled_state
+from tests.conftest import BENCHMARK_MODELS, TOL, assert_close, mj_model, random_state, settled_state
 
 SENSOR_TOL = 1e-9
 INTEGRATORS = {"euler": 0, "rk4": 1, "implicitfast": 3}
@@ -86,7 +86,7 @@ def test_step_matches_mujoco(sensor_model, integrator):
 
 
 def _ant() -> mujoco.MjModel:
-    mjm = mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "ant.xml"))
+    mjm = mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / "ant.xml"))
     mjm.opt.iterations, mjm.opt.tolerance = 100, 1e-12
     return mjm
 

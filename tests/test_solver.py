@@ -16,7 +16,7 @@ from torch._dynamo.testing import CompileCounter
 import diffmj
 from tests.conftest import (
     ARM_ON_BOX,
-    SHARED_MODELS,
+    BENCHMARK_MODELS,
     as_numpy,
     assert_close,
     match_efc,
@@ -99,7 +99,7 @@ def test_equality_friction_limit_model(solver):
 @pytest.mark.parametrize("name", ["humanoid", "ant", "walker2d", "halfcheetah", "hopper"])
 @pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
 def test_shared_model_step(name, cone):
-    mjm = converged(mujoco.MjModel.from_xml_path(str(SHARED_MODELS / f"{name}.xml")), cone)
+    mjm = converged(mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / f"{name}.xml")), cone)
     for steps in (80, 200):
         mjd = settled_state(mjm, steps)
         m, d = _check_forward(mjm, mjd)
@@ -192,7 +192,7 @@ def test_compiled_vmap_step_on_contact_model(small_contact_model):
 @pytest.mark.slow
 def test_compiled_vmap_step_humanoid():
     """torch.compile(vmap(step), fullgraph=True) runs the humanoid without a graph break."""
-    mjm = mujoco.MjModel.from_xml_path(str(SHARED_MODELS / "humanoid.xml"))
+    mjm = mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / "humanoid.xml"))
     m = diffmj.put_model(mjm)
     batch = torch.stack([diffmj.put_data(m, settled_state(mjm, n, seed=n)) for n in (30, 60)])
     counter = CompileCounter()
