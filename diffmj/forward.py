@@ -16,6 +16,7 @@ from diffmj.actuation import actuation, actuator_force_vel, next_activation
 from diffmj.collision.driver import collision
 from diffmj.constraint import make_constraint, reference_constraint
 from diffmj.passive import passive
+from diffmj.adjoint import solve_implicit
 from diffmj.sensor import sensor_acc, sensor_pos, sensor_vel
 from diffmj.smooth import (
     apply_ft,
@@ -29,9 +30,9 @@ from diffmj.smooth import (
     tendon,
     transmission,
 )
-from diffmj.grad.adjoint import solve_implicit
 from diffmj.solver import solve
 from diffmj.types import BackwardMode, Data, DisableBit, IntegratorType, Model
+from diffmj.workarounds import canonical_layout
 
 
 def fwd_position(m: Model, d: Data) -> Data:
@@ -71,16 +72,22 @@ def fwd_acceleration(m: Model, d: Data) -> Data:
     return d.replace(qfrc_smooth=qfrc_smooth, qacc_smooth=solve_m(m, d, qfrc_smooth))
 
 
-def fwd_constraint(m: Model, d: Data) -> Data:
-    """Constrained acceleration from the constraint solver; qacc_smooth without constraint rows."""
+def fwd_constraint(m: Model, d: Data, mode: BackwardMode) -> Data:
+    """Constrained acceleration from the constraint solver; qacc_smooth without constraint rows.
+
+    mode chooses how gradients pass through the solver (the result is the same).
+    """
     if m.constraint_plan.nefc:
-        return solve_implicit(m, d) if m.backward_mode == BackwardMode.IMPLICIT else solve(m, d)
+        return solve_implicit(m, d) if mode == BackwardMode.IMPLICIT else solve(m, d)
     # a copy: fields must not alias (torch.compile would recompile on aliased inputs)
     return d.replace(qacc=d.qacc_smooth.clone(), qfrc_constraint=torch.zeros_like(d.qacc_smooth))
 
 
-def _forward(m: Model, d: Data, sensors: bool = True) -> Data:
-    """mj_forwardSkip without skipped stages; ``sensors=False`` leaves sensordata as it was."""
+def forward_unbatched(m: Model, d: Data, mode: BackwardMode, sensors: bool = True) -> Data:
+    """forward() of one unbatched Data, unchecked (for diffmj.grad and rollout).
+
+    mj_forwardSkip without skipped stages; ``sensors=False`` leaves sensordata as it was.
+    """
     d = fwd_position(m, d)
     if sensors:
         d = sensor_pos(m, d)
@@ -89,7 +96,7 @@ def _forward(m: Model, d: Data, sensors: bool = True) -> Data:
         d = sensor_vel(m, d)
     d = actuation(m, d)
     d = fwd_acceleration(m, d)
-    d = fwd_constraint(m, d)
+    d = fwd_constraint(m, d, mode)
     if sensors:
         d = sensor_acc(m, d)
     return d
@@ -195,7 +202,7 @@ def _rk4_position_velocity(m: Model, theta: Tensor, qvel: Tensor) -> Tensor:
     return qvel.index_copy(0, index.reshape(-1), k.reshape(-1))
 
 
-def _rk4(m: Model, d: Data) -> Data:
+def _rk4(m: Model, d: Data, mode: BackwardMode) -> Data:
     """4th-order Runge-Kutta over (qpos, qvel, act), Munthe-Kaas on rotations (mj_RungeKutta)."""
     h = m.opt.timestep
     qpos0, qvel0, act0, time0 = d.qpos, d.qvel, d.act, d.time
@@ -211,7 +218,7 @@ def _rk4(m: Model, d: Data) -> Data:
             act=act0 + h * dact,
             time=time0 + sum(a) * h,
         )
-        d = _forward(m, stage, sensors=False)  # like MuJoCo, intermediate stages skip sensors
+        d = forward_unbatched(m, stage, mode, sensors=False)  # like MuJoCo, intermediate stages skip sensors
         posvel.append(_rk4_position_velocity(m, h * dpos, d.qvel))
         acc.append(d.qacc)
         actd.append(d.act_dot)
@@ -277,17 +284,29 @@ def _implicit(m: Model, d: Data) -> Data:
     return _advance(m, d, d.act_dot, qacc)
 
 
-def _step(m: Model, d: Data) -> Data:
-    d = _forward(m, d)
+def step_unbatched(m: Model, d: Data, mode: BackwardMode) -> Data:
+    """step() of one unbatched Data, unchecked (for diffmj.grad and rollout)."""
+    d = forward_unbatched(m, d, mode)
     integrator = m.opt.integrator
     if integrator == IntegratorType.EULER:
         return _euler(m, d)
     if integrator == IntegratorType.RK4:
-        return _rk4(m, d)
+        return _rk4(m, d, mode)
     return _implicit(m, d)
 
 
-def _check(m: Model, d: Data) -> None:
+def resolve_backward_mode(m: Model, backward_mode: BackwardMode | None) -> BackwardMode:
+    """The call's backward mode, or the model's when None; a clear error for anything else."""
+    if backward_mode is None:
+        return m.backward_mode
+    try:
+        return BackwardMode(backward_mode)
+    except ValueError:
+        names = ", ".join(repr(b.value) for b in BackwardMode)
+        raise ValueError(f"backward_mode must be a diffmj.BackwardMode ({names}), got {backward_mode!r}") from None
+
+
+def check_data(m: Model, d: Data) -> None:
     """Clear errors for data that does not fit the model (shapes, dtypes, devices)."""
     if not isinstance(d, Data):
         raise ValueError(f"expected diffmj.Data, got {type(d).__name__}")
@@ -301,38 +320,11 @@ def _check(m: Model, d: Data) -> None:
             raise ValueError(f"d.{name} is on {value.device} but the model is on {m.device}")
 
 
-def _canonical_layout(out: Data, d: Data) -> Data:
-    """out with every field its own contiguous tensor, dependent on the state d (exactly: adds zeros).
-
-    A compiled step guards on its inputs' strides and on none of them being the same tensor,
-    so a step fed its own output compiles a second graph unless the output is laid out like
-    make_data's. Under torch.vmap, an output may come back transposed (batched matmuls), and
-    one that does not depend on the batch (a model constant in some models: joint
-    transmissions' moment arms, fixed tendons' Jacobians, the static candidate contacts'
-    parameters) comes back as a stride-0 expanded view. Fields equal to another (qacc,
-    qacc_warmstart and, without constraints, qacc_smooth) would come back as one buffer if
-    the zero added were a known constant: inductor drops `x + 0` and `clone` as no-ops and
-    folds `t * 0` (an int zero) to 0, so the zero is d.time * 0.0, which it keeps. An empty
-    field (site_xmat of a model without sites) is passed through from d: inductor may give
-    a fresh empty tensor stride 0, and it holds nothing.
-    """
-    zeros = {}
-
-    def canonical(field: Tensor, like: Tensor) -> Tensor:
-        if field.numel() == 0 and field.shape == like.shape and field.dtype == like.dtype:
-            return like
-        if field.dtype not in zeros:
-            zeros[field.dtype] = (d.time * 0.0).to(field.dtype)
-        return (field + zeros[field.dtype]).contiguous()
-
-    return out.apply(canonical, d)
-
-
 def _map_batch(fn, m: Model, d: Data) -> Data:
-    """Apply an unbatched stage over all leading batch dimensions of d with torch.vmap."""
+    """Apply an unbatched fn(m, d) over all leading batch dimensions of d with torch.vmap."""
 
     def per_example(m: Model, d: Data) -> Data:
-        return _canonical_layout(fn(m, d), d)
+        return canonical_layout(fn(m, d), d)
 
     if not d.batch_dims:
         return per_example(m, d)
@@ -342,13 +334,22 @@ def _map_batch(fn, m: Model, d: Data) -> Data:
     return out.reshape(shape)
 
 
-def forward(m: Model, d: Data) -> Data:
-    """All quantities derived from the state (mj_forward). Pure: returns a new Data."""
-    _check(m, d)
-    return _map_batch(_forward, m, d)
+def forward(m: Model, d: Data, *, backward_mode: BackwardMode | None = None) -> Data:
+    """All quantities derived from the state (mj_forward). Pure: returns a new Data.
+
+    backward_mode: how gradients pass through the constraint solver in this call;
+    None uses the model's (``put_model(..., backward_mode=...)``).
+    """
+    check_data(m, d)
+    mode = resolve_backward_mode(m, backward_mode)
+    return _map_batch(lambda m, d: forward_unbatched(m, d, mode), m, d)
 
 
-def step(m: Model, d: Data) -> Data:
-    """Advance the simulation by one timestep (mj_step). Pure: returns a new Data."""
-    _check(m, d)
-    return _map_batch(_step, m, d)
+def step(m: Model, d: Data, *, backward_mode: BackwardMode | None = None) -> Data:
+    """Advance the simulation by one timestep (mj_step). Pure: returns a new Data.
+
+    backward_mode: as for forward().
+    """
+    check_data(m, d)
+    mode = resolve_backward_mode(m, backward_mode)
+    return _map_batch(lambda m, d: step_unbatched(m, d, mode), m, d)

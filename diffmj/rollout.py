@@ -7,12 +7,19 @@ import math
 import torch
 from torch import Tensor
 
-from diffmj.forward import _check
+from diffmj.forward import check_data, resolve_backward_mode
 from diffmj.grad.checkpoint import checkpointed_rollout, run_steps
-from diffmj.types import Data, Model
+from diffmj.types import BackwardMode, Data, Model
 
 
-def rollout(m: Model, d: Data, ctrl: Tensor, *, checkpoint: int | str | None = "auto") -> Data:
+def rollout(
+    m: Model,
+    d: Data,
+    ctrl: Tensor,
+    *,
+    checkpoint: int | str | None = "auto",
+    backward_mode: BackwardMode | None = None,
+) -> Data:
     """Step d through the controls ctrl [..., T, nu]; the trajectory as a Data of batch [..., T].
 
     ``traj[t]`` (``traj.qpos[..., t, :]``, ...) is the Data after step t + 1.
@@ -22,8 +29,11 @@ def rollout(m: Model, d: Data, ctrl: Tensor, *, checkpoint: int | str | None = "
     checkpoint: steps per recomputed segment in the backward pass; "auto" uses
     about sqrt(T) (O(sqrt(T)) memory, one extra forward pass), None keeps the
     full autograd tape (O(T) memory). The gradient is the same either way.
+    backward_mode: how gradients pass through each step's constraint solver; None uses
+    the model's.
     """
-    _check(m, d)
+    check_data(m, d)
+    mode = resolve_backward_mode(m, backward_mode)
     if ctrl.shape[-1] != m.nu:
         raise ValueError(f"ctrl has {ctrl.shape[-1]} controls per step, the model needs {m.nu}")
     if ctrl.dim() < 2:
@@ -42,8 +52,8 @@ def rollout(m: Model, d: Data, ctrl: Tensor, *, checkpoint: int | str | None = "
 
     def single(d: Data, ctrl: Tensor) -> Data:
         if segment is None or segment >= horizon or not torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return run_steps(m, d, ctrl)[0]
-        return checkpointed_rollout(m, d, ctrl, segment)
+            return run_steps(m, d, ctrl, mode)[0]
+        return checkpointed_rollout(m, d, ctrl, segment, mode)
 
     batch = torch.broadcast_shapes(d.batch_size, ctrl.shape[:-2])
     if not batch:

@@ -27,6 +27,7 @@ from torch import Tensor
 from diffmj import math
 from diffmj.plan import STATE_CONE, STATE_LINEARNEG, STATE_LINEARPOS, STATE_QUADRATIC, STATE_SATISFIED
 from diffmj.types import Data, DisableBit, Model, SolverType
+from diffmj.workarounds import all_true
 
 
 class Problem(NamedTuple):
@@ -241,7 +242,7 @@ def _newton_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol
     alpha = -first.deriv / first.deriv2
     done = torch.zeros_like(gtol, dtype=torch.bool)
     for _ in range(max(iterations - 1, 1)):
-        if _all_done(done):
+        if all_true(done):  # done elements are frozen: stopping changes nothing
             break
         ev = _line_eval(p, jar, Jv, quad_gauss, alpha)
         done = done | (ev.deriv.abs() < gtol)
@@ -424,20 +425,6 @@ def _warmstart(settings: Settings, p: Problem, qacc_warmstart: Tensor) -> Tensor
     return torch.where(cost_ws > cost_smooth, p.qacc_smooth, qacc_warmstart)
 
 
-def _all_done(done: Tensor) -> bool:
-    """Whether every element of ``done`` holds, read in eager mode only (never under compile).
-
-    Under vmap / grad the flag is a functorch wrapper; its unwrapped tensor holds every batch
-    element, so the loop stops once all are done. Done elements are frozen, so stopping then
-    gives exactly what running all iterations gives.
-    """
-    if torch.compiler.is_compiling():
-        return False
-    while torch._C._functorch.is_functorch_wrapped_tensor(done):
-        done = torch._C._functorch.get_unwrapped(done)
-    return bool(done.all())
-
-
 def residual(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
     """Gradient of the cost, M qacc - qfrc_smooth - J' force: zero at the solution. [nv]"""
     p = problem(settings, x)
@@ -480,7 +467,7 @@ def solve_qacc(settings: Settings, x: Inputs) -> Tensor:
         done = done | (grad_ok & (torch.clamp(0.5 * scale * (grad * mgrad).sum(-1), min=0) < tol))
     search = -mgrad
     for _ in range(settings.iterations):
-        if _all_done(done):
+        if all_true(done):  # done elements are frozen: stopping changes nothing
             break
         snorm = math.safe_norm(search)
         gtol = tol * x.ls_tolerance * snorm / scale

@@ -49,6 +49,39 @@ def test_implicit_equals_unrolled(cone):
         _assert_grads_close(_loss_grads(mjm, mjd, IMPLICIT), _loss_grads(mjm, mjd, UNROLL), 1e-8, "implicit vs unrolled")
 
 
+def test_backward_mode_per_call():
+    """step(..., backward_mode=...) overrides the model's choice for that call only. With one
+    solver iteration the solve is far from converged, so the two modes' gradients differ."""
+    mjm = mj_model("contacts")
+    mjm.opt.iterations = 1
+    mjd = settled_state(mjm, 100)
+
+    def grad_qvel(mode_of_model, mode_of_call):
+        m = diffmj.put_model(mjm, backward_mode=mode_of_model)
+        d = diffmj.put_data(m, mjd)
+        qvel = d.qvel.clone().requires_grad_(True)
+        out = diffmj.step(m, d.replace(qvel=qvel), backward_mode=mode_of_call)
+        return torch.autograd.grad(out.qvel.sum(), qvel)[0]
+
+    implicit, unroll = grad_qvel(IMPLICIT, None), grad_qvel(UNROLL, None)
+    assert (implicit - unroll).abs().max() > 1e-3 * unroll.abs().max()
+    assert torch.equal(grad_qvel(IMPLICIT, UNROLL), unroll)
+    assert torch.equal(grad_qvel(UNROLL, IMPLICIT), implicit)
+    with pytest.raises(ValueError, match="backward_mode must be"):
+        grad_qvel(IMPLICIT, "adjoint")
+
+    def rollout_grad(mode_of_model, mode_of_call):  # through the checkpointed segments
+        m = diffmj.put_model(mjm, backward_mode=mode_of_model)
+        d = diffmj.put_data(m, mjd)
+        qvel = d.qvel.clone().requires_grad_(True)
+        ctrl = torch.zeros(4, m.nu, dtype=m.dtype)
+        traj = diffmj.rollout(m, d.replace(qvel=qvel), ctrl, checkpoint=2, backward_mode=mode_of_call)
+        return torch.autograd.grad(traj.qvel.sum(), qvel)[0]
+
+    assert torch.equal(rollout_grad(IMPLICIT, UNROLL), rollout_grad(UNROLL, None))
+    assert not torch.equal(rollout_grad(UNROLL, IMPLICIT), rollout_grad(UNROLL, None))
+
+
 def test_implicit_cg_equals_implicit_newton():
     """CG reaches the same optimum, so its adjoint gives Newton's gradient (unrolling CG's
     iterations converges far more slowly than its iterates do)."""

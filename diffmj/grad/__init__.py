@@ -1,19 +1,12 @@
-"""How to differentiate: the solver's implicit adjoint, transition Jacobians, checkpointing,
-and the memory a tape keeps (``saved_tensor_bytes``).
+"""How to differentiate: transition Jacobians, checkpointed rollouts, and the memory a
+tape keeps (``saved_tensor_bytes``).
 
-The stages use ``adjoint`` (the solver's backward pass) while ``transition``
-calls the stages, so the public names are resolved on first use (PEP 562)
-to keep the import graph acyclic.
+The constraint solver's own derivative (the implicit adjoint) is part of the engine
+(``diffmj.adjoint``), since every step uses it; this package builds on the public
+step and imports nothing above it.
 """
 
 from diffmj.grad.memory import saved_tensor_bytes
+from diffmj.grad.transition import transition_jacobians
 
 __all__ = ["saved_tensor_bytes", "transition_jacobians"]
-
-
-def __getattr__(name: str):
-    if name == "transition_jacobians":
-        from diffmj.grad.transition import transition_jacobians
-
-        return transition_jacobians
-    raise AttributeError(f"module 'diffmj.grad' has no attribute {name!r}")

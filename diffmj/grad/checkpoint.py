@@ -21,9 +21,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj.forward import _step
+from diffmj.forward import step_unbatched
 from diffmj.io import make_data
-from diffmj.types import Data, Model
+from diffmj.types import BackwardMode, Data, Model
+from diffmj.workarounds import transform_active
 
 # Data fields a step reads: the state it advances and the inputs it holds constant.
 STATE_FIELDS = ("qpos", "qvel", "act", "qacc_warmstart", "time")
@@ -38,13 +39,14 @@ class Layout(NamedTuple):
     n_input: int  # constant-input fields
     segment: int  # steps per segment
     horizon: int  # T
+    mode: BackwardMode  # how each step's solver is differentiated
 
 
-def run_steps(m: Model, d: Data, ctrl: Tensor) -> tuple[Data, Data]:
-    """Step d through ctrl [T, nu]; returns (trajectory with batch [T], last Data)."""
+def run_steps(m: Model, d: Data, ctrl: Tensor, mode: BackwardMode) -> tuple[Data, Data]:
+    """Step an unbatched d through ctrl [T, nu]; returns (trajectory with batch [T], last Data)."""
     outs = []
     for t in range(ctrl.shape[0]):
-        d = _step(m, d.replace(ctrl=ctrl[t]))
+        d = step_unbatched(m, d.replace(ctrl=ctrl[t]), mode)
         outs.append(d)
     return torch.stack(outs), d
 
@@ -67,7 +69,7 @@ class CheckpointedRollout(torch.autograd.Function):
         outs, boundaries = [], []
         for start in range(0, layout.horizon, layout.segment):
             boundaries.extend(getattr(d, name).clone() for name in STATE_FIELDS)
-            traj, d = run_steps(m, d, ctrl[start : start + layout.segment])
+            traj, d = run_steps(m, d, ctrl[start : start + layout.segment], layout.mode)
             outs.append(traj)
         leaves = pytree.tree_flatten(torch.cat(outs))[0]
         return (*leaves, *boundaries)
@@ -105,7 +107,7 @@ class CheckpointedRollout(torch.autograd.Function):
             for i, t in zip(input_float, input_vals):
                 ins[i] = t
             m = pytree.tree_unflatten(leaves, layout.model_spec)
-            traj, last = run_steps(m, _initial(m, ins, state), ctrl_seg)
+            traj, last = run_steps(m, _initial(m, ins, state), ctrl_seg, layout.mode)
             leaves = pytree.tree_flatten(traj)[0]
             return [leaves[i] for i in float_out], [getattr(last, name) for name in STATE_FIELDS]
 
@@ -147,8 +149,7 @@ def _vjp(fn, *primals):
     """``torch.func.vjp(fn, *primals)``; with plain autograd when no functorch transform or
     compile is active, which costs about half as much per operation in eager mode."""
     flat, spec = pytree.tree_flatten(primals)
-    if (torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None
-            or any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in flat)):
+    if transform_active(flat):
         return torch.func.vjp(fn, *primals)
     flat = [t.detach().requires_grad_(t.is_floating_point()) for t in flat]
     with torch.enable_grad():
@@ -178,7 +179,7 @@ def _unpack(layout: Layout, flat):
     return m, inputs, state, flat[-1]
 
 
-def checkpointed_rollout(m: Model, d: Data, ctrl: Tensor, segment: int) -> Data:
+def checkpointed_rollout(m: Model, d: Data, ctrl: Tensor, segment: int, mode: BackwardMode) -> Data:
     """Trajectory of an unbatched d under ctrl [T, nu], recomputing segments of ``segment`` steps.
 
     The last segment keeps its tape (as torch.utils.checkpoint.checkpoint_sequential does): the
@@ -187,17 +188,17 @@ def checkpointed_rollout(m: Model, d: Data, ctrl: Tensor, segment: int) -> Data:
     horizon = ctrl.shape[0]
     tail = horizon - segment * ((horizon - 1) // segment)  # steps in the last segment
     if tail == horizon:
-        return run_steps(m, d, ctrl)[0]
-    head = _checkpointed(m, d, ctrl[: horizon - tail], segment)
+        return run_steps(m, d, ctrl, mode)[0]
+    head = _checkpointed(m, d, ctrl[: horizon - tail], segment, mode)
     last = d.replace(**{name: getattr(head, name)[-1] for name in STATE_FIELDS})
-    return torch.cat((head, run_steps(m, last, ctrl[horizon - tail :])[0]))
+    return torch.cat((head, run_steps(m, last, ctrl[horizon - tail :], mode)[0]))
 
 
-def _checkpointed(m: Model, d: Data, ctrl: Tensor, segment: int) -> Data:
+def _checkpointed(m: Model, d: Data, ctrl: Tensor, segment: int, mode: BackwardMode) -> Data:
     horizon = ctrl.shape[0]
     m_leaves, model_spec = pytree.tree_flatten(m)
     layout = Layout(model_spec=model_spec, n_model=len(m_leaves), n_input=len(INPUT_FIELDS),
-                    segment=segment, horizon=horizon)
+                    segment=segment, horizon=horizon, mode=mode)
     flat = (*m_leaves, *(getattr(d, n) for n in INPUT_FIELDS), *(getattr(d, n) for n in STATE_FIELDS), ctrl)
     out = CheckpointedRollout.apply(layout, *flat)
     spec = pytree.tree_flatten(make_data(m, (horizon,)))[1]

@@ -1,0 +1,70 @@
+"""Workarounds for torch.compile and torch.func, each named after what it works around.
+
+The physics stages never call these for their own sake: they exist because of how
+PyTorch 2.13 compiles or transforms the code, and each says which behaviour it
+answers, so it can go when PyTorch changes. They give exactly the values the
+plain code would.
+
+* ``canonical_layout``: a compiled step fed its own output must not recompile.
+* ``add_at_distinct`` / ``sum_at``: no ``index_add`` reaches inductor's CPU code
+  (pytorch/pytorch#191837).
+* ``transform_active`` / ``all_true``: functorch's wrappers, read in eager mode only,
+  for which no public API exists.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from diffmj.types import Data
+
+
+def canonical_layout(out: Data, d: Data) -> Data:
+    """out with every field its own contiguous tensor, dependent on the state d (exactly: adds zeros).
+
+    A compiled step guards on its inputs' strides and on none of them being the same tensor,
+    so a step fed its own output compiles a second graph unless the output is laid out like
+    make_data's. Under torch.vmap, an output may come back transposed (batched matmuls), and
+    one that does not depend on the batch (a model constant in some models: joint
+    transmissions' moment arms, fixed tendons' Jacobians, the static candidate contacts'
+    parameters) comes back as a stride-0 expanded view. Fields equal to another (qacc,
+    qacc_warmstart and, without constraints, qacc_smooth) would come back as one buffer if
+    the zero added were a known constant: inductor drops `x + 0` and `clone` as no-ops and
+    folds `t * 0` (an int zero) to 0, so the zero is d.time * 0.0, which it keeps. An empty
+    field (site_xmat of a model without sites) is passed through from d: inductor may give
+    a fresh empty tensor stride 0, and it holds nothing.
+    """
+    zeros = {}
+
+    def canonical(field: Tensor, like: Tensor) -> Tensor:
+        if field.numel() == 0 and field.shape == like.shape and field.dtype == like.dtype:
+            return like
+        if field.dtype not in zeros:
+            zeros[field.dtype] = (d.time * 0.0).to(field.dtype)
+        return (field + zeros[field.dtype]).contiguous()
+
+    return out.apply(canonical, d)
+
+
+def transform_active(tensors) -> bool:
+    """Whether a torch.func transform or torch.compile is tracing, or any tensor is a
+    functorch wrapper (then plain autograd cannot be used on them)."""
+    return (
+        torch.compiler.is_compiling()
+        or torch._C._functorch.maybe_current_level() is not None
+        or any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+    )
+
+
+def all_true(done: Tensor) -> bool:
+    """Whether every element of ``done`` holds, read in eager mode only (False under compile).
+
+    Under vmap / grad the flag is a functorch wrapper; its unwrapped tensor holds every
+    batch element, so a loop asking this stops once all are done.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    while torch._C._functorch.is_functorch_wrapped_tensor(done):
+        done = torch._C._functorch.get_unwrapped(done)
+    return bool(done.all())
