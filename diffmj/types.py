@@ -182,6 +182,47 @@ class Option(PyTreeNode):
     def enabled(self, flag: EnableBit) -> bool:
         return bool(self.enableflags & flag)
 
+    def replace(self, **changes) -> Option:
+        """A copy with some fields replaced; refuses changes put_model has baked into the model."""
+        new = super().replace(**changes)
+        check_option_change(self, new)
+        return new
+
+
+# What put_model builds from the options (constraint rows, contact candidates, actuator
+# plan) or refuses: replacing these on a loaded model would leave the plans describing
+# the old value. Every other option is read when a step runs and takes effect when replaced.
+_PLANNED_DISABLE_BITS = (
+    DisableBit.CONSTRAINT | DisableBit.EQUALITY | DisableBit.FRICTIONLOSS | DisableBit.LIMIT
+    | DisableBit.CONTACT | DisableBit.FILTERPARENT | DisableBit.NATIVECCD | DisableBit.MULTICCD
+)
+_RUNTIME_ENABLE_BITS = EnableBit.OVERRIDE
+_RUNTIME_INTEGRATORS = (IntegratorType.EULER, IntegratorType.RK4, IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST)
+_RUNTIME_SOLVERS = (SolverType.CG, SolverType.NEWTON)
+
+
+def check_option_change(old: Option, new: Option) -> None:
+    """ValueError naming the option if ``new`` changes what put_model baked in from ``old``."""
+    again = "set it on the mujoco.MjModel and call diffmj.put_model again"
+    if new.cone != old.cone:
+        raise ValueError(f"opt.cone shapes the constraint rows put_model built: {again}")
+    if new.disableactuator != old.disableactuator:
+        raise ValueError(f"opt.disableactuator shapes the actuator plan put_model built: {again}")
+    planned = (new.disableflags ^ old.disableflags) & _PLANNED_DISABLE_BITS
+    if planned:
+        names = ", ".join(f.name.lower() for f in DisableBit if f & planned)
+        raise ValueError(f"opt.disableflags ({names}) shape the rows and contacts put_model built: {again}")
+    other = (new.enableflags ^ old.enableflags) & ~_RUNTIME_ENABLE_BITS
+    if other:
+        names = ", ".join(f.name.lower() for f in EnableBit if f & other)
+        raise ValueError(f"opt.enableflags ({names}): only 'override' can change on a loaded model; {again}")
+    if new.integrator not in _RUNTIME_INTEGRATORS:
+        raise ValueError(f"opt.integrator {new.integrator!r} is not supported by diffmj")
+    if new.solver not in _RUNTIME_SOLVERS:
+        raise ValueError(f"opt.solver {new.solver!r} is not supported by diffmj (use Newton or CG)")
+    if new.iterations < 0 or new.ls_iterations < 0:
+        raise ValueError("opt.iterations and opt.ls_iterations must not be negative")
+
 
 @pytree_dataclass
 class Model(PyTreeNode):
@@ -368,6 +409,12 @@ class Model(PyTreeNode):
     sensor_adr: tuple[int, ...] = static_field()
     sensor_cutoff: Tensor  # [nsensor] clamp of the output; 0 for none
 
+    def replace(self, **changes) -> Model:
+        """A copy with some fields replaced (parameters, or ``opt`` within what check_option_change allows)."""
+        if "opt" in changes:
+            check_option_change(self.opt, changes["opt"])
+        return super().replace(**changes)
+
     @property
     def dtype(self) -> torch.dtype:
         return self.body_mass.dtype
@@ -484,3 +531,23 @@ class Data:
     cacc: Tensor  # [nbody, 6] com-based acceleration
     cfrc_int: Tensor  # [nbody, 6] com-based interaction force with the parent body
     cfrc_ext: Tensor  # [nbody, 6] com-based external force on the body
+
+    def to(self, *args, **kwargs) -> Data:
+        """This Data on another device and/or float dtype (``d.to(torch.float32)``,
+        ``d.to("cuda")``, ``d.to(device=..., dtype=...)``); boolean and integer fields keep
+        their dtype (tensordict's own ``to`` would cast them too)."""
+        dtype = kwargs.pop("dtype", None)
+        moves = []
+        for arg in args:
+            if isinstance(arg, torch.dtype):
+                dtype = arg
+            else:
+                moves.append(arg)
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"Data.to casts the floating-point fields only; {dtype} is not a float dtype")
+
+        def move(x: Tensor) -> Tensor:
+            x = x.to(*moves, **kwargs)
+            return x.to(dtype) if dtype is not None and x.is_floating_point() else x
+
+        return self.apply(move)

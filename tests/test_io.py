@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import mujoco
 import pytest
 import torch
@@ -38,6 +40,44 @@ def test_to_casts_floats_and_keeps_indices():
     assert m32.structure == m.structure
     out = diffmj.step(m32, diffmj.make_data(m32))
     assert out.qpos.dtype == torch.float32
+
+
+def test_data_to_casts_floats_only():
+    m = diffmj.load(MODELS / "contacts.xml")
+    d = diffmj.make_data(m, batch_shape=(2,))
+    for d32 in (d.to(torch.float32), d.to("cpu", dtype=torch.float32), d.to(dtype=torch.float32)):
+        assert d32.qpos.dtype == d32.contact.dist.dtype == torch.float32
+        assert d32.efc_active.dtype == d32.contact.active.dtype == d32.eq_active.dtype == torch.bool
+        assert d32.efc_state.dtype == d.efc_state.dtype and d32.batch_size == d.batch_size
+    m32 = m.to(dtype=torch.float32)
+    assert diffmj.step(m32, d.to(torch.float32)).efc_active.dtype == torch.bool
+    with pytest.raises(ValueError, match="not a float dtype"):
+        d.to(torch.int32)
+
+
+def test_options_take_effect_or_are_refused():
+    """Options read at run time take effect when replaced; those put_model built plans from
+    (cone, planned disable flags, disableactuator) are refused with a ValueError."""
+    m = diffmj.load(MODELS / "contacts.xml")
+    d = diffmj.make_data(m)
+    weightless = m.replace(opt=m.opt.replace(disableflags=m.opt.disableflags | diffmj.DisableBit.GRAVITY))
+    assert diffmj.step(weightless, d).qvel.abs().max() == 0
+    assert diffmj.step(m, d).qvel.abs().max() > 0
+    assert m.replace(opt=m.opt.replace(iterations=3)).opt.iterations == 3
+    refused = {
+        "opt.cone": {"cone": diffmj.ConeType.ELLIPTIC},
+        "contact": {"disableflags": m.opt.disableflags | diffmj.DisableBit.CONTACT},
+        "frictionloss": {"disableflags": m.opt.disableflags | diffmj.DisableBit.FRICTIONLOSS},
+        "disableactuator": {"disableactuator": 1},
+        "energy": {"enableflags": diffmj.EnableBit.ENERGY},
+        "opt.solver": {"solver": diffmj.SolverType.PGS},
+        "opt.integrator": {"integrator": diffmj.IntegratorType.DISCRETE},
+    }
+    for message, change in refused.items():
+        with pytest.raises(ValueError, match=message):
+            m.opt.replace(**change)
+    with pytest.raises(ValueError, match="put_model again"):  # also when opt is built by hand
+        m.replace(opt=dataclasses.replace(m.opt, cone=diffmj.ConeType.ELLIPTIC))
 
 
 def test_model_is_a_pytree():
