@@ -762,12 +762,20 @@ def _quad_area(poly: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tens
     return 0.5 * torch.sqrt(dot(*(cross(at(a) - at(c), at(b) - at(d)),) * 2))
 
 
-def _largest_quad(poly: Tensor, npoly: Tensor) -> Tensor:
-    """MuJoCo's polygonQuad: four vertex indices [n, 4] of a large quadrilateral in poly.
+_TIE = 1e-9  # relative area difference within which two quadrilaterals count as equal
+
+
+def _largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
+    """MuJoCo's polygonQuad: four vertex indices [n, 4] of a large quadrilateral in poly, and
+    whether the search met a tie [n].
 
     A greedy rotating search: for each first vertex a, advance the fourth (d) while the area
     grows, after each advance the third (c), then the second (b). Run as a fixed number of
     single-area steps of the same state machine (phase 0: try d + 1, 1: c + 1, 2: b + 1).
+    The area only grows by more than _TIE: a cylinder cap's 16-gon has many quadrilaterals of
+    equal area, which MuJoCo's strict comparison tells apart by the last bit of its rounding
+    (so the choice flips with 1-ulp changes of the poses); equal areas are kept, as exact
+    arithmetic would.
     """
     n = npoly.clamp(min=1)
     a = torch.zeros_like(npoly)
@@ -775,11 +783,13 @@ def _largest_quad(poly: Tensor, npoly: Tensor) -> Tensor:
     best = _quad_area(poly, a, b, c, d)
     result = torch.stack((a, b, c, d), -1)
     phase = torch.where(npoly >= 5, 0, 3)  # 3: done
+    tied = torch.zeros_like(npoly, dtype=torch.bool)
     for _ in range(4 * _CAPACITY + 4):
         bn, cn, dn = (b + 1) % n, (c + 1) % n, (d + 1) % n
         area = _quad_area(poly, a, torch.where(phase == 2, bn, b), torch.where(phase == 1, cn, c),
                           torch.where(phase == 0, dn, d))
-        grow = best < area
+        grow = best * (1 + _TIE) < area
+        tied = tied | ((phase < 3) & ((area - best).abs() <= _TIE * best))
         best = torch.where(grow & (phase < 3), area, best)
         d = torch.where(grow & (phase == 0), dn, d)
         c = torch.where(grow & (phase == 1), cn, c)
@@ -797,7 +807,7 @@ def _largest_quad(poly: Tensor, npoly: Tensor) -> Tensor:
         phase = torch.where(phase == 3, 3, torch.where(
             phase == 0, torch.where(grow, 1, torch.where(a >= n, 3, 0)),
             torch.where(grow, phase, (phase + 1) % 3)))
-    return result
+    return result, tied
 
 
 def _farthest_pair(poly: Tensor, npoly: Tensor) -> Tensor:
@@ -814,11 +824,12 @@ def _clip_contacts(face, nface, poly, npoly, normal, wit, margin, maxc: int, edg
     """polygonClip: clip, pick at most ``maxc`` vertices, and their witness points.
 
     Returns the count [n], the points on the clipping face [n, maxc, 3], the points on the
-    clipped polygon side [n, maxc, 3] and their distances along ``wit`` [n, maxc].
+    clipped polygon side [n, maxc, 3], their distances along ``wit`` [n, maxc] and whether
+    the choice of a quadrilateral met a tie [n] (see _largest_quad).
     """
     poly, npoly = _clip(face, nface, poly, npoly, normal, margin)
     with torch.no_grad():
-        quad = _largest_quad(poly.detach(), npoly)
+        quad, tied = _largest_quad(poly.detach(), npoly)
         pair = _farthest_pair(poly.detach(), npoly)
     first = torch.arange(maxc, device=poly.device).expand(*npoly.shape, maxc)
     use_quad = (maxc < 5) & (npoly >= 5)
@@ -829,7 +840,7 @@ def _clip_contacts(face, nface, poly, npoly, normal, wit, margin, maxc: int, edg
     height = dot(v - face[..., None, 0, :], normal[..., None, :])
     on_face = v - height[..., None] * normal[..., None, :]
     dist = dot(on_face - v, wit[..., None, :])
-    return count, on_face, on_face - dist[..., None] * wit[..., None, :], dist
+    return count, on_face, on_face - dist[..., None] * wit[..., None, :], dist, tied & use_quad
 
 
 def _pad(index: Tensor, width: int) -> Tensor:
@@ -851,8 +862,9 @@ def _multicontact(kinds: tuple[str, str], geoms: tuple[GeomPose, GeomPose], sol:
                   margin: Tensor, maxc: int):
     """MuJoCo 4's mjc_multicontact on the ideal features of the exact contact.
 
-    Returns (use [n], dist [n, maxc], pos [n, maxc, 3], normal [n, maxc, 3], count [n]):
-    where ``use``, the contacts from clipping the contacting features replace the single one.
+    Returns (use [n], dist [n, maxc], pos [n, maxc, 3], normal [n, maxc, 3], count [n], tied [n]):
+    where ``use``, the contacts from clipping the contacting features replace the single one;
+    ``tied``: their choice among equally large quadrilaterals is arbitrary (see _largest_quad).
     """
     geom1, geom2 = geoms
     half = 0.5 * margin[..., None]
@@ -916,13 +928,13 @@ def _multicontact(kinds: tuple[str, str], geoms: tuple[GeomPose, GeomPose], sol:
 
     m1 = 0.0 if kinds[0] == "capsule" else 0.5  # a capsule's edge already runs through x1
     both = (m1 + 0.5) * margin
-    count, on_face, on_poly, dist = _clip_contacts(face, nface, poly, npoly, normal, wit, both, maxc,
+    count, on_face, on_poly, dist, tied = _clip_contacts(face, nface, poly, npoly, normal, wit, both, maxc,
                                                    ~face_face)
     p1 = torch.where(edge1[..., None, None], on_poly, on_face) + (m1 * margin)[..., None, None] * inflate[..., None, :]
     p2 = torch.where(edge1[..., None, None], on_face, on_poly) - half[..., None] * inflate[..., None, :]
     dist = margin[..., None] + dist - both[..., None]
     use = (face_face | edge1 | edge2) & (count > 0)
-    return use, dist, 0.5 * (p1 + p2), _normalize3(p1 - p2), count
+    return use, dist, 0.5 * (p1 + p2), _normalize3(p1 - p2), count, tied & use
 
 
 # ---------------------------------------------------------------- pair functions
@@ -945,7 +957,7 @@ def _convex(kinds: tuple[str, str], geom1: GeomPose, geom2: GeomPose, margin: Te
     slots = torch.arange(maxc, device=margin.device)
     valid = touching[..., None] & (slots == 0)
     if maxc > 1:
-        use, mdist, mpos, mnormal, count = _multicontact(kinds, (geom1, geom2), sol, terms1.seg_len.shape[-1],
+        use, mdist, mpos, mnormal, count, _ = _multicontact(kinds, (geom1, geom2), sol, terms1.seg_len.shape[-1],
                                                         margin, maxc)
         listed = slots < count[..., None]
         use = use & (torch.where(listed, mdist, torch.inf).amin(-1) < margin)
