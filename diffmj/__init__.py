@@ -3,6 +3,7 @@
 from diffmj.forward import forward, step
 from diffmj.io import get_data, get_data_into, load, make_data, put_data, put_model
 from diffmj.rollout import rollout
+from diffmj.state import State, differentiate_pos, get_state, integrate_pos, set_state, state_size
 from diffmj import grad
 from diffmj.types import (
     BackwardMode,
@@ -37,15 +38,21 @@ __all__ = [
     "Model",
     "Option",
     "SolverType",
+    "State",
     "TrnType",
+    "differentiate_pos",
     "forward",
     "grad",
     "get_data",
     "get_data_into",
+    "get_state",
+    "integrate_pos",
     "load",
     "make_data",
     "put_data",
     "put_model",
     "rollout",
+    "set_state",
+    "state_size",
     "step",
 ]

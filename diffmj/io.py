@@ -439,6 +439,7 @@ def get_data_into(mjd: mujoco.MjData, mjm: mujoco.MjModel, d: Data) -> None:
         else:
             target = getattr(mjd, name)
             target[...] = value.reshape(target.shape)
+    mjd.eq_active[:] = d.eq_active.detach().cpu().numpy()
 
 
 def get_data(mjm: mujoco.MjModel, d: Data) -> mujoco.MjData | list[mujoco.MjData]:

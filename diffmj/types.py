@@ -208,6 +208,7 @@ class Model(PyTreeNode):
     npair: int = static_field()
     nsensor: int = static_field()
     nsensordata: int = static_field()
+    nuserdata: int = static_field()
 
     # ---- options and derived index plans
     opt: Option
