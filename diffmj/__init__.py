@@ -2,6 +2,7 @@
 
 from diffmj.forward import forward, step
 from diffmj.io import get_data, get_data_into, load, make_data, put_data, put_model
+from diffmj.params import get_param, set_param
 from diffmj.rollout import rollout
 from diffmj.state import State, differentiate_pos, get_state, integrate_pos, set_state, state_size
 from diffmj import grad
@@ -45,6 +46,7 @@ __all__ = [
     "grad",
     "get_data",
     "get_data_into",
+    "get_param",
     "get_state",
     "integrate_pos",
     "load",
@@ -52,6 +54,7 @@ __all__ = [
     "put_data",
     "put_model",
     "rollout",
+    "set_param",
     "set_state",
     "state_size",
     "step",

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
 from diffmj.collision.plan import CollisionPlan
+from diffmj.names import Names
 from diffmj.plan import ActuatorPlan, ConstraintPlan, SensorPlan, TendonPlan
 from diffmj.tree import TreePlan
 
@@ -213,6 +214,7 @@ class Model(PyTreeNode):
     # ---- options and derived index plans
     opt: Option
     backward_mode: BackwardMode = static_field()
+    names: Names = static_field()  # object names by type, for lookups by name
     tree: TreePlan
     tendon_plan: TendonPlan
     actuator_plan: ActuatorPlan
