@@ -1,5 +1,6 @@
 """diffmj: MuJoCo's physics pipeline in PyTorch, differentiable end to end."""
 
+from diffmj.contacts import contact_force, contact_slots
 from diffmj.forward import forward, step
 from diffmj.io import get_data, get_data_into, load, make_data, put_data, put_model
 from diffmj.params import get_param, set_param
@@ -41,6 +42,8 @@ __all__ = [
     "SolverType",
     "State",
     "TrnType",
+    "contact_force",
+    "contact_slots",
     "differentiate_pos",
     "forward",
     "grad",
