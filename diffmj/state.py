@@ -124,7 +124,8 @@ def set_state(m: Model, d: Data, state: Tensor, spec: int) -> Data:
     start = 0
     for name, shape in components:
         n = torch.Size(shape).numel()
-        value = state[..., start : start + n].reshape((*batch, *shape))
+        # a copy: fields that are views of one tensor would make a compiled step recompile
+        value = state[..., start : start + n].reshape((*batch, *shape)).clone()
         start += n
         changes[name] = value != 0 if name == "eq_active" else value
     return d.replace(**changes)

@@ -138,3 +138,19 @@ def test_integrate_pos_refuses_bad_shapes():
         diffmj.integrate_pos(m, m.qpos0, m.qpos0, 0.1)
     with pytest.raises(ValueError, match="broadcast"):
         diffmj.differentiate_pos(m, m.qpos0.expand(2, -1), m.qpos0.expand(3, -1))
+
+
+def test_compiles_without_graph_breaks():
+    """Batched set_state, integrate_pos, differentiate_pos, get_state in one graph (aot_eager: no inductor time)."""
+    m = diffmj.load(MODELS / "chain.xml")
+    d = diffmj.make_data(m, 3)
+    velocity = torch.linspace(0, 1, 3 * m.nv, dtype=m.dtype).reshape(3, m.nv)
+
+    def advance(state: torch.Tensor) -> torch.Tensor:
+        d1 = diffmj.set_state(m, d, state, State.PHYSICS)
+        qpos = diffmj.integrate_pos(m, d1.qpos, velocity, 0.1)
+        back = diffmj.differentiate_pos(m, d1.qpos, qpos, 0.1)
+        return diffmj.get_state(m, d1.replace(qpos=qpos, qvel=back), State.PHYSICS)
+
+    state = diffmj.get_state(m, d, State.PHYSICS)
+    torch.testing.assert_close(torch.compile(advance, fullgraph=True, backend="aot_eager")(state), advance(state), rtol=1e-12, atol=1e-12)
