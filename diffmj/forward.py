@@ -31,6 +31,7 @@ from diffmj.smooth import (
     transmission,
 )
 from diffmj.solver import solve
+from diffmj.state import integrate_pos
 from diffmj.types import BackwardMode, Data, DisableBit, IntegratorType, Model
 from diffmj.workarounds import canonical_layout
 
@@ -100,47 +101,6 @@ def forward_unbatched(m: Model, d: Data, mode: BackwardMode, sensors: bool = Tru
     if sensors:
         d = sensor_acc(m, d)
     return d
-
-
-def integrate_pos(m: Model, qpos: Tensor, qvel: Tensor, dt: Tensor) -> Tensor:
-    """qpos advanced by qvel over dt, quaternions on the manifold (mj_integratePos). [nq]"""
-    tree = m.tree
-    new = math.add_at(qpos, tree.scalar_qposadr, dt * qvel[tree.scalar_dofadr])
-
-    def rotate(new: Tensor, qadr: Tensor, dofadr: Tensor) -> Tensor:
-        quat = math.quat_integrate(math.gather_blocks(qpos, qadr, 4), math.gather_blocks(qvel, dofadr, 3), dt)
-        index = qadr[:, None] + torch.arange(4, device=qadr.device)
-        return new.index_copy(0, index.reshape(-1), quat.reshape(-1))
-
-    if tree.ball_jnt.shape[0]:
-        new = rotate(new, tree.ball_qposadr, tree.ball_dofadr)
-    if tree.free_jnt.shape[0]:
-        new = math.add_blocks(new, tree.free_qposadr, dt * math.gather_blocks(qvel, tree.free_dofadr, 3))
-        new = rotate(new, tree.free_qposadr + 3, tree.free_dofadr + 3)
-    return new
-
-
-def differentiate_pos(m: Model, qpos1: Tensor, qpos2: Tensor, dt: Tensor | float = 1.0) -> Tensor:
-    """Velocity that integrate_pos turns qpos1 into qpos2 with over dt (mj_differentiatePos). [nv]"""
-    tree = m.tree
-    qvel = torch.zeros(qpos1.shape[:-1] + (m.nv,), dtype=qpos1.dtype, device=qpos1.device)
-    dif = qpos2[..., tree.scalar_qposadr] - qpos1[..., tree.scalar_qposadr]
-    qvel = qvel.index_copy(-1, tree.scalar_dofadr, dif)
-
-    def rotation(qvel: Tensor, qadr: Tensor, dofadr: Tensor) -> Tensor:
-        q1 = math.gather_blocks(qpos1, qadr, 4)
-        q2 = math.gather_blocks(qpos2, qadr, 4)
-        index = dofadr[:, None] + torch.arange(3, device=dofadr.device)
-        return qvel.index_copy(-1, index.reshape(-1), math.quat_sub(q2, q1).reshape(-1))
-
-    if tree.ball_jnt.shape[0]:
-        qvel = rotation(qvel, tree.ball_qposadr, tree.ball_dofadr)
-    if tree.free_jnt.shape[0]:
-        pos = math.gather_blocks(qpos2, tree.free_qposadr, 3) - math.gather_blocks(qpos1, tree.free_qposadr, 3)
-        index = tree.free_dofadr[:, None] + torch.arange(3, device=qpos1.device)
-        qvel = qvel.index_copy(-1, index.reshape(-1), pos.reshape(-1))
-        qvel = rotation(qvel, tree.free_qposadr + 3, tree.free_dofadr + 3)
-    return qvel / dt
 
 
 def _advance(m: Model, d: Data, act_dot: Tensor, qacc: Tensor, qvel: Tensor | None = None) -> Data:

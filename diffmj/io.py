@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from diffmj.collision.plan import GEOM_NAMES, build_collision_plan, convex_pair, unsupported_pair
+from diffmj.names import build_names
 from diffmj.plan import (
     OBJ_CAMERA,
     RAY_PRIMITIVES,
@@ -214,9 +215,9 @@ def put_model(
         disableactuator=int(o.disableactuator),
     )
 
-    fields = {"backward_mode": BackwardMode(backward_mode)}
+    fields = {"backward_mode": BackwardMode(backward_mode), "names": build_names(mjm)}
     for f in Model._static_names:
-        if f == "backward_mode":
+        if f in ("backward_mode", "names"):
             continue
         fields[f] = _tuple(getattr(mjm, f)) if not f.startswith("n") or "_" in f else int(getattr(mjm, f))
     fields["actuator_trnid"] = tuple((int(a), int(b)) for a, b in mjm.actuator_trnid)
@@ -439,6 +440,7 @@ def get_data_into(mjd: mujoco.MjData, mjm: mujoco.MjModel, d: Data) -> None:
         else:
             target = getattr(mjd, name)
             target[...] = value.reshape(target.shape)
+    mjd.eq_active[:] = d.eq_active.detach().cpu().numpy()
 
 
 def get_data(mjm: mujoco.MjModel, d: Data) -> mujoco.MjData | list[mujoco.MjData]:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
 from diffmj.collision.plan import CollisionPlan
+from diffmj.names import Names
 from diffmj.plan import ActuatorPlan, ConstraintPlan, SensorPlan, TendonPlan
 from diffmj.tree import TreePlan
 
@@ -249,10 +250,12 @@ class Model(PyTreeNode):
     npair: int = static_field()
     nsensor: int = static_field()
     nsensordata: int = static_field()
+    nuserdata: int = static_field()
 
     # ---- options and derived index plans
     opt: Option
     backward_mode: BackwardMode = static_field()
+    names: Names = static_field()  # object names by type, for lookups by name
     tree: TreePlan
     tendon_plan: TendonPlan
     actuator_plan: ActuatorPlan

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffmj.forward import differentiate_pos, integrate_pos, step
+from diffmj.forward import step
+from diffmj.state import differentiate_pos, integrate_pos
 from diffmj.types import BackwardMode, Data, Model
 
 

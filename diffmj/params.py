@@ -1,0 +1,107 @@
+"""Model parameters read and replaced by MuJoCo's field and object names.
+
+``get_param(m, "body_mass", "torso")`` is the torso's mass, ``get_param(m,
+"opt.timestep")`` the timestep; ``set_param`` returns a new Model with a
+field, or one object's rows of it, replaced (differentiable in the value,
+usable under ``torch.func`` transforms).
+
+A field's prefix names the object type of its rows, as in MuJoCo: ``body_``,
+``jnt_``, ``geom_``, ``site_``, ``tendon_``, ``actuator_``, ``sensor_``,
+``eq_``, ``pair_``. MuJoCo's dofs and qpos entries have no names: ``dof_*``
+fields are read by joint name (the joint's dofs, [ndof, ...]: 1 for hinge /
+slide, 3 for ball, 6 for free), and so are ``qpos0`` / ``qpos_spring`` (the
+joint's qpos entries, [nqpos]), as ``mjModel.joint(name)`` does in MuJoCo's
+Python bindings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+import torch
+from torch import Tensor
+
+from diffmj.names import KINDS
+from diffmj.types import JointType, Model
+
+_JOINT_NQ = {JointType.FREE: 7, JointType.BALL: 4, JointType.SLIDE: 1, JointType.HINGE: 1}
+_JOINT_NV = {JointType.FREE: 6, JointType.BALL: 3, JointType.SLIDE: 1, JointType.HINGE: 1}
+
+
+def _tensor_fields(node) -> list[str]:
+    return [f.name for f in dataclasses.fields(node) if isinstance(getattr(node, f.name), Tensor)]
+
+
+def _field(m: Model, name: str) -> Tensor:
+    """The tensor of parameter ``name``; ValueError for structure or an unknown name."""
+    owner, attr = (m.opt, name[4:]) if isinstance(name, str) and name.startswith("opt.") else (m, name)
+    if attr not in {f.name for f in dataclasses.fields(owner)}:
+        known = _tensor_fields(m) + [f"opt.{n}" for n in _tensor_fields(m.opt)]
+        close = difflib.get_close_matches(str(name), known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown model parameter {name!r}{hint}")
+    value = getattr(owner, attr)
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{name!r} is structure fixed by put_model, not a parameter: load a changed model instead")
+    return value
+
+
+def _rows(m: Model, name: str, obj: str | int) -> int | slice:
+    """Rows of field ``name`` that belong to object ``obj`` (an index, or a joint's dof / qpos block)."""
+    if name in ("qpos0", "qpos_spring"):
+        joint = m.names.id_of("jnt", obj)
+        start = m.jnt_qposadr[joint]
+        return slice(start, start + _JOINT_NQ[JointType(m.jnt_type[joint])])
+    kind = name.split("_")[0]
+    if kind == "dof":
+        joint = m.names.id_of("jnt", obj)
+        start = m.jnt_dofadr[joint]
+        return slice(start, start + _JOINT_NV[JointType(m.jnt_type[joint])])
+    if kind not in KINDS:
+        raise ValueError(f"{name!r} has no rows per named object; call it without an object name")
+    return m.names.id_of(kind, obj)
+
+
+def get_param(m: Model, name: str, obj: str | int | None = None) -> Tensor:
+    """Model parameter ``name`` (MuJoCo's field name, ``opt.*`` for options), whole or one object's rows.
+
+    ``obj``: the object's name or id; None for the whole field. Shapes: the field's shape
+    (``body_mass`` [nbody]); with ``obj`` its row (``body_mass`` [], ``geom_friction`` [3]), for
+    ``dof_*`` fields the named joint's dofs [ndof, ...] and for ``qpos0`` / ``qpos_spring`` its
+    qpos entries [nqpos]. Returns the model's tensor (or a view of it), not a copy.
+    Raises ValueError for unknown fields or names and for structural (integer) fields.
+    """
+    value = _field(m, name)
+    return value if obj is None else value[_rows(m, name, obj)]
+
+
+def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None = None) -> Model:
+    """A new Model with parameter ``name`` (or object ``obj``'s rows of it) set to ``value``.
+
+    ``value`` broadcasts to ``get_param(m, name, obj)``'s shape; a tensor must have the model's
+    dtype and device, numbers and lists are converted. ``m`` is unchanged. Differentiable in
+    ``value`` and usable under ``torch.func`` (``grad``, ``vmap`` over values). Raises ValueError
+    as ``get_param`` does, and for a value that does not broadcast.
+    """
+    current = _field(m, name)
+    if not isinstance(value, Tensor):
+        value = torch.as_tensor(value, dtype=current.dtype, device=current.device)
+    if value.dtype != current.dtype or value.device != current.device:
+        raise ValueError(f"value for {name!r} is {value.dtype} on {value.device}, "
+                         f"the model is {current.dtype} on {current.device}")
+    rows = None if obj is None else _rows(m, name, obj)
+    target = current if obj is None else current[rows]
+    try:
+        value = torch.broadcast_to(value, target.shape)
+    except RuntimeError:
+        raise ValueError(f"value of shape {tuple(value.shape)} does not broadcast to {name!r}"
+                         f"{'' if obj is None else f'[{obj!r}]'} of shape {tuple(target.shape)}") from None
+    if obj is None:
+        new = value.contiguous()
+    else:
+        index = torch.arange(current.shape[0], device=current.device)[rows].reshape(-1)
+        new = current.index_copy(0, index, value.reshape(index.shape[0], *current.shape[1:]))
+    if name.startswith("opt."):
+        return m.replace(opt=m.opt.replace(**{name[4:]: new}))
+    return m.replace(**{name: new})
