@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffmj import math
+from diffmj import math, workarounds
 from diffmj.types import Data, DisableBit, Model
 
 MAXVAL = 1e10  # mjMAXVAL: larger controls count as bad, like NaN
@@ -65,7 +65,7 @@ def _tendon_totals(m: Model, force: Tensor) -> Tensor:
     """Total force of the actuators on each force-limited tendon, per such actuator. [k]"""
     plan = m.actuator_plan
     acts, tendons = plan.tendon_frclimited_act, plan.tendon_frclimited_id
-    total = math.sum_at(m.ntendon, tendons, force[acts])
+    total = workarounds.sum_at(m.ntendon, tendons, force[acts])
     return total[tendons]
 
 
@@ -101,7 +101,7 @@ def actuation(m: Model, d: Data) -> Data:
     qfrc = force @ d.actuator_moment
     if plan.actgravcomp_dof.shape[0] and not m.opt.disabled(DisableBit.GRAVITY):
         dofs = plan.actgravcomp_dof
-        qfrc = math.add_at(qfrc, dofs, d.qfrc_gravcomp[dofs])
+        qfrc = workarounds.add_at_distinct(qfrc, dofs, d.qfrc_gravcomp[dofs])
     if plan.jnt_frclimited_dofadr.shape[0]:
         # MuJoCo clamps the first dof of each limited joint
         dofs, jnts = plan.jnt_frclimited_dofadr, plan.jnt_frclimited_jnt

@@ -235,34 +235,6 @@ def gather_blocks(x: Tensor, adr: Tensor, width: int) -> Tensor:
     return x[adr[:, None] + torch.arange(width, device=adr.device)]
 
 
-def add_at(target: Tensor, index: Tensor, values: Tensor) -> Tensor:
-    """target with values[k] added to target[index[k]], for distinct indices (out of place).
-
-    Equal to target.index_add(0, index, values), written as a gather and a copy: inductor's
-    CPU code for an index_add fused into a 2D-tiled loop writes out of bounds when torch runs
-    on more than one thread (pytorch/pytorch#191837; ant's joint springs hit it).
-    """
-    return target.index_copy(0, index, target[index] + values)
-
-
-def sum_at(size: int, index: Tensor, values: Tensor) -> Tensor:
-    """Sums of values [k, ...] by index [k] into size rows, repeats allowed: [size, ...].
-
-    Equal to zeros(size, ...).index_add(0, index, values), written as a masked sum over a
-    [size, k] selection so that no index_add reaches inductor (pytorch/pytorch#191837, see
-    add_at). Meant for short static index lists: tendon wraps, sensors, contact slots.
-    """
-    select = index == torch.arange(size, device=index.device)[:, None]
-    select = select.reshape(select.shape + (1,) * (values.dim() - 1))
-    return torch.where(select, values, 0.0).sum(1)
-
-
-def add_blocks(target: Tensor, adr: Tensor, values: Tensor) -> Tensor:
-    """target with values[k] added to target[adr[k] : adr[k] + width], for disjoint blocks."""
-    index = adr[:, None] + torch.arange(values.shape[-1], device=adr.device)
-    return add_at(target, index.reshape(-1), values.reshape(-1))
-
-
 def cholesky(a: Tensor) -> Tensor:
     """Lower Cholesky factor of symmetric positive definite a [..., n, n].
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffmj import math
+from diffmj import math, workarounds
 from diffmj.smooth import apply_ft
 from diffmj.types import Data, DisableBit, Model
 
@@ -18,18 +18,18 @@ def spring_force(m: Model, d: Data) -> Tensor:
 
     k = m.jnt_stiffness[tree.scalar_jnt]
     x = qpos[tree.scalar_qposadr] - qpos_spring[tree.scalar_qposadr]
-    frc = math.add_at(frc, tree.scalar_dofadr, -k * x)
+    frc = workarounds.add_at_distinct(frc, tree.scalar_dofadr, -k * x)
 
     def rotational(jnt: Tensor, qadr: Tensor, dofadr: Tensor, frc: Tensor) -> Tensor:
         quat = math.quat_normalize(math.gather_blocks(qpos, qadr, 4))
         dif = math.quat_sub(quat, math.gather_blocks(qpos_spring, qadr, 4))
-        return math.add_blocks(frc, dofadr, -m.jnt_stiffness[jnt][:, None] * dif)
+        return workarounds.add_blocks(frc, dofadr, -m.jnt_stiffness[jnt][:, None] * dif)
 
     if tree.ball_jnt.shape[0]:
         frc = rotational(tree.ball_jnt, tree.ball_qposadr, tree.ball_dofadr, frc)
     if tree.free_jnt.shape[0]:
         dif = math.gather_blocks(qpos, tree.free_qposadr, 3) - math.gather_blocks(qpos_spring, tree.free_qposadr, 3)
-        frc = math.add_blocks(frc, tree.free_dofadr, -m.jnt_stiffness[tree.free_jnt][:, None] * dif)
+        frc = workarounds.add_blocks(frc, tree.free_dofadr, -m.jnt_stiffness[tree.free_jnt][:, None] * dif)
         frc = rotational(tree.free_jnt, tree.free_qposadr + 3, tree.free_dofadr + 3, frc)
 
     if m.ntendon:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffmj import math
+from diffmj import math, workarounds
 from diffmj.plan import (
     OBJ_BODY,
     OBJ_GEOM,
@@ -162,7 +162,7 @@ def _acc_value(m: Model, d: Data, g: SensorGroup) -> Tensor:
         return d.qfrc_actuator[m.tree.jnt_dofadr[obj]][:, None]
     if t == S.TENDONACTFRC:
         plan = m.actuator_plan
-        per_tendon = math.sum_at(m.ntendon, plan.tendon_id, d.actuator_force[plan.tendon_act])
+        per_tendon = workarounds.sum_at(m.ntendon, plan.tendon_id, d.actuator_force[plan.tendon_act])
         return per_tendon[obj][:, None]
     if t in (S.JOINTLIMITFRC, S.TENDONLIMITFRC):
         return _limit_value(d, g, d.efc_force)
@@ -315,7 +315,7 @@ def _touch(m: Model, d: Data, g: SensorGroup) -> Tensor:
         start += count
     hit = torch.cat(hits) if hits else torch.zeros_like(normal_force, dtype=torch.bool)
     force = torch.where(hit & (normal_force > 0), normal_force, 0.0)
-    return math.sum_at(g.obj.shape[0], sensor, force)[:, None]
+    return workarounds.sum_at(g.obj.shape[0], sensor, force)[:, None]
 
 
 # ---------------------------------------------------------------- rangefinder

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffmj import math
+from diffmj import math, workarounds
 from diffmj.tree import BALL, FREE, SLIDE
 from diffmj.types import Data, DisableBit, Model
 
@@ -134,8 +134,8 @@ def tendon(m: Model, d: Data) -> Data:
     if not m.ntendon:
         return d
     plan = m.tendon_plan
-    length = math.sum_at(m.ntendon, plan.wrap_tendon, m.wrap_prm * d.qpos[plan.wrap_qposadr])
-    ten_j = math.sum_at(m.ntendon * m.nv, plan.wrap_tendon * m.nv + plan.wrap_dofadr, m.wrap_prm)
+    length = workarounds.sum_at(m.ntendon, plan.wrap_tendon, m.wrap_prm * d.qpos[plan.wrap_qposadr])
+    ten_j = workarounds.sum_at(m.ntendon * m.nv, plan.wrap_tendon * m.nv + plan.wrap_dofadr, m.wrap_prm)
     ten_j = ten_j.reshape(m.ntendon, m.nv)
     return d.replace(ten_length=length, ten_J=ten_j)
 
@@ -351,12 +351,12 @@ def rne_post_constraint(m: Model, d: Data) -> Data:
         geom = m.collision_plan.contact_geom
         body1, body2 = tree.geom_bodyid[geom[:, 0]], tree.geom_bodyid[geom[:, 1]]
         pos = d.contact.pos
-        ext = ext - math.sum_at(m.nbody, body1, to_com(wrench, pos, body1))
-        ext = ext + math.sum_at(m.nbody, body2, to_com(wrench, pos, body2))
+        ext = ext - workarounds.sum_at(m.nbody, body1, to_com(wrench, pos, body1))
+        ext = ext + workarounds.sum_at(m.nbody, body2, to_com(wrench, pos, body2))
     if m.constraint_plan.connect_eq.shape[0] or m.constraint_plan.weld_eq.shape[0]:
         wrench, point1, point2, body1, body2 = _equality_wrenches(m, d)
-        ext = ext + math.sum_at(m.nbody, body1, to_com(wrench, point1, body1))
-        ext = ext - math.sum_at(m.nbody, body2, to_com(wrench, point2, body2))
+        ext = ext + workarounds.sum_at(m.nbody, body1, to_com(wrench, point1, body1))
+        ext = ext - workarounds.sum_at(m.nbody, body2, to_com(wrench, point2, body2))
     world = torch.arange(m.nbody, device=ext.device)[:, None] == 0
     ext = torch.where(world, 0.0, ext)
 

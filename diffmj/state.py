@@ -14,7 +14,7 @@ import enum
 import torch
 from torch import Tensor
 
-from diffmj import math
+from diffmj import math, workarounds
 from diffmj.types import Data, Model
 
 
@@ -134,7 +134,7 @@ def set_state(m: Model, d: Data, state: Tensor, spec: int) -> Data:
 def _integrate_pos(m: Model, qpos: Tensor, qvel: Tensor, dt: Tensor) -> Tensor:
     """integrate_pos of one unbatched configuration. [nq]"""
     tree = m.tree
-    new = math.add_at(qpos, tree.scalar_qposadr, dt * qvel[tree.scalar_dofadr])
+    new = workarounds.add_at_distinct(qpos, tree.scalar_qposadr, dt * qvel[tree.scalar_dofadr])
 
     def rotate(new: Tensor, qadr: Tensor, dofadr: Tensor) -> Tensor:
         quat = math.quat_integrate(math.gather_blocks(qpos, qadr, 4), math.gather_blocks(qvel, dofadr, 3), dt)
@@ -144,7 +144,7 @@ def _integrate_pos(m: Model, qpos: Tensor, qvel: Tensor, dt: Tensor) -> Tensor:
     if tree.ball_jnt.shape[0]:
         new = rotate(new, tree.ball_qposadr, tree.ball_dofadr)
     if tree.free_jnt.shape[0]:
-        new = math.add_blocks(new, tree.free_qposadr, dt * math.gather_blocks(qvel, tree.free_dofadr, 3))
+        new = workarounds.add_blocks(new, tree.free_qposadr, dt * math.gather_blocks(qvel, tree.free_dofadr, 3))
         new = rotate(new, tree.free_qposadr + 3, tree.free_dofadr + 3)
     return new
 

@@ -6,8 +6,8 @@ answers, so it can go when PyTorch changes. They give exactly the values the
 plain code would.
 
 * ``canonical_layout``: a compiled step fed its own output must not recompile.
-* ``add_at_distinct`` / ``sum_at``: no ``index_add`` reaches inductor's CPU code
-  (pytorch/pytorch#191837).
+* ``add_at_distinct`` / ``add_blocks`` / ``sum_at``: the scatter-adds of the physics,
+  written so that no ``index_add`` reaches inductor's CPU code (pytorch/pytorch#191837).
 * ``transform_active`` / ``all_true``: functorch's wrappers, read in eager mode only,
   for which no public API exists.
 """
@@ -45,6 +45,34 @@ def canonical_layout(out: Data, d: Data) -> Data:
         return (field + zeros[field.dtype]).contiguous()
 
     return out.apply(canonical, d)
+
+
+def add_at_distinct(target: Tensor, index: Tensor, values: Tensor) -> Tensor:
+    """target with values[k] added to target[index[k]], for distinct indices (out of place).
+
+    Equal to target.index_add(0, index, values), written as a gather and a copy: inductor's
+    CPU code for an index_add fused into a 2D-tiled loop writes out of bounds when torch runs
+    on more than one thread (pytorch/pytorch#191837; ant's joint springs hit it).
+    """
+    return target.index_copy(0, index, target[index] + values)
+
+
+def add_blocks(target: Tensor, adr: Tensor, values: Tensor) -> Tensor:
+    """target with values[k] [width] added to target[adr[k] : adr[k] + width], for disjoint blocks."""
+    index = adr[:, None] + torch.arange(values.shape[-1], device=adr.device)
+    return add_at_distinct(target, index.reshape(-1), values.reshape(-1))
+
+
+def sum_at(size: int, index: Tensor, values: Tensor) -> Tensor:
+    """Sums of values [k, ...] by index [k] into size rows, repeats allowed: [size, ...].
+
+    Equal to zeros(size, ...).index_add(0, index, values), written as a masked sum over a
+    [size, k] selection so that no index_add reaches inductor (pytorch/pytorch#191837, see
+    add_at_distinct). Meant for short static index lists: tendon wraps, sensors, contact slots.
+    """
+    select = index == torch.arange(size, device=index.device)[:, None]
+    select = select.reshape(select.shape + (1,) * (values.dim() - 1))
+    return torch.where(select, values, 0.0).sum(1)
 
 
 def transform_active(tensors) -> bool:

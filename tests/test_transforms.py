@@ -128,12 +128,12 @@ def test_gradcheck_step():
 # threads: torch.index_add writes out of bounds there and aborts the process (pytorch/pytorch#191837).
 _TILED_SCATTER = textwrap.dedent("""
     import torch
-    from diffmj import math
+    from diffmj import workarounds
     torch.set_num_threads(2)
     def f(q, vt, idx, k, lo):
         force = (torch.maximum(vt.t() * k, lo) + q).contiguous()
-        spring = torch.vmap(lambda qi: math.add_at(torch.zeros_like(qi), idx, -k * qi[idx]))(q)
-        summed = torch.vmap(lambda qi: math.sum_at(8, idx % 3, -k * qi[idx]))(q)  # repeated indices
+        spring = torch.vmap(lambda qi: workarounds.add_at_distinct(torch.zeros_like(qi), idx, -k * qi[idx]))(q)
+        summed = torch.vmap(lambda qi: workarounds.sum_at(8, idx % 3, -k * qi[idx]))(q)  # repeated indices
         return spring, summed, force
     g = torch.Generator().manual_seed(0)
     args = (torch.randn(64, 8, generator=g, dtype=torch.float64), torch.randn(8, 64, generator=g, dtype=torch.float64),
@@ -148,8 +148,8 @@ _TILED_SCATTER = textwrap.dedent("""
 
 
 def test_add_at_in_a_tiled_compiled_kernel():
-    """math.add_at (joint springs, scalar-joint integration) and math.sum_at (tendons, contact
-    wrenches, sensors) run where index_add crashes."""
+    """workarounds.add_at_distinct (joint springs, scalar-joint integration) and workarounds.sum_at
+    (tendons, contact wrenches, sensors) run where index_add crashes."""
     run = subprocess.run([sys.executable, "-c", _TILED_SCATTER], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
 
@@ -159,7 +159,7 @@ def test_add_at_equals_index_add():
     target = torch.randn(10, 3, generator=g, dtype=torch.float64)
     index = torch.tensor([7, 2, 9, 0])
     values = torch.randn(4, 3, generator=g, dtype=torch.float64)
-    assert torch.equal(diffmj.math.add_at(target, index, values), target.index_add(0, index, values))
+    assert torch.equal(diffmj.workarounds.add_at_distinct(target, index, values), target.index_add(0, index, values))
 
 
 def test_sum_at_equals_index_add():
@@ -167,5 +167,5 @@ def test_sum_at_equals_index_add():
     index = torch.tensor([7, 2, 7, 0, 2, 7])
     values = torch.randn(6, 3, generator=g, dtype=torch.float64)
     expected = torch.zeros(10, 3, dtype=torch.float64).index_add(0, index, values)
-    torch.testing.assert_close(diffmj.math.sum_at(10, index, values), expected, rtol=0, atol=1e-15)  # order of sums
-    assert diffmj.math.sum_at(4, index[:0], values[:0]).shape == (4, 3)
+    torch.testing.assert_close(diffmj.workarounds.sum_at(10, index, values), expected, rtol=0, atol=1e-15)  # order of sums
+    assert diffmj.workarounds.sum_at(4, index[:0], values[:0]).shape == (4, 3)
