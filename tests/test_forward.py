@@ -99,8 +99,8 @@ def test_batched_data_equals_each_element():
     for i, d in enumerate(ds):
         single = diffmj.step(m, d)
         for name in ("qpos", "qvel", "act", "qacc"):
-            assert_close(name, getattr(out[0, i], name), getattr(single, name), 1e-13)
-            assert_close(name, getattr(out[1, 2 - i], name), getattr(single, name), 1e-13)
+            assert_close(name, getattr(out[0, i], name), getattr(single, name), TOL["batch"])
+            assert_close(name, getattr(out[1, 2 - i], name), getattr(single, name), TOL["batch"])
 
 
 def test_make_data_matches_mjdata(smooth_model):

@@ -42,7 +42,7 @@ import diffmj
 from tests.conftest import CONTACT_TYPES, TOL, assert_close, compare_contacts, compare_rows
 from tests.mjcf_random import random_contact_mjcf
 from tests.test_constraint import MAKE, REFERENCE
-from tests.test_solver import SOLVE_TOL, assert_solution, converged
+from tests.test_solver import assert_solution, converged
 
 SEEDS = range(20)  # they cover every feature (test_default_seeds_cover_the_features)
 SWEEP_SEEDS = range(20, 120)
@@ -92,7 +92,7 @@ def _check(seed: int) -> None:
             stepped = diffmj.step(m, d)
             for name in STEP_FIELDS:
                 # act is empty in models without stateful actuators
-                assert_close(f"step {name}", getattr(stepped, name), getattr(mjd, name), SOLVE_TOL, empty_ok=True)
+                assert_close(f"step {name}", getattr(stepped, name), getattr(mjd, name), TOL["solver"], empty_ok=True)
         except AssertionError as error:
             raise AssertionError(f"seed {seed}, state after {steps} steps: {error}") from error
 
