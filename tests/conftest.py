@@ -168,7 +168,6 @@ def settled_state(mjm: mujoco.MjModel, steps: int, seed: int = 0, ctrl_scale: fl
     return mjd
 
 
-
 # ---------------------------------------------------------------- stage tests
 
 CONTACT_FIELDS = tuple(f.name for f in dataclasses.fields(diffmj.types.Contact))
