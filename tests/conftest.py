@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import mujoco
@@ -18,10 +19,23 @@ torch.set_num_threads(1)
 MODELS = pathlib.Path(__file__).parent / "models"
 BENCHMARK_MODELS = pathlib.Path(__file__).parents[1] / "models"  # the five benchmark models
 
-# One tolerance table (float64, scale-aware: |a - b| <= tol * (1 + |b|)).
+# One tolerance table (float64, scale-aware: |a - b| <= tol * (1 + |b|)). A bound is about 10x the
+# worst error measured in the default (not slow) tests, rounded to a power of ten; the last three
+# are wider on purpose, as explained.
 TOL = {
-    "smooth": 1e-10,  # kinematics, inertia, forces, one step
-    "rollout": 1e-9,  # a few steps, where differences grow with the dynamics
+    "smooth": 1e-11,  # kinematics, inertia, forces, one step (measured 3e-13: qacc of random models)
+    "rollout": 1e-10,  # a few steps, where differences grow (measured 7e-12: sensors after two steps)
+    "rows": 1e-11,  # contacts and constraint rows (measured 4e-13: efc_aref of random contact models)
+    "sensor": 1e-9,  # sensors, which read constraint forces (measured 1.4e-10: cfrc_int)
+    "batch": 1e-14,  # one computation batched, vmapped or checkpointed vs alone (measured 7e-16)
+    # converged qacc and efc_force, relative to their largest entry: the issue's bound; the solver stops
+    # at its own tolerance (measured 4e-10 on random contact models; a step after it 1.3e-13)
+    "solver": 1e-6,
+    # convex-pair distances: MuJoCo's GJK / EPA answer certifies the true distance only to about this
+    # even at 1e-14 ccd_tolerance (test_collision_convex.py; measured 7e-14 on convex_pairs.xml)
+    "ccd_dist": 1e-9,
+    # convex contacts' pos / frame and efc_J carry MuJoCo's own EPA error (measured 2e-7)
+    "ccd_contact": 1e-6,
 }
 
 
@@ -62,11 +76,15 @@ def as_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def assert_close(name: str, actual, expected, tol: float = TOL["smooth"]) -> None:
-    """Scale-aware comparison with a message naming the field and the worst entry."""
+def assert_close(name: str, actual, expected, tol: float = TOL["smooth"], empty_ok: bool = False) -> None:
+    """Scale-aware comparison with a message naming the field and the worst entry.
+
+    Empty arrays compare nothing, so they are an error unless ``empty_ok``.
+    """
     a, b = as_numpy(actual), as_numpy(expected)
     assert a.shape == b.shape, f"{name}: shape {a.shape} != {b.shape}"
     if not a.size:
+        assert empty_ok, f"{name}: empty arrays compare nothing (pass empty_ok=True where that is meant)"
         return
     err = np.abs(a - b) / (1 + np.abs(b))
     worst = np.unravel_index(np.argmax(err), err.shape)
@@ -148,3 +166,112 @@ def settled_state(mjm: mujoco.MjModel, steps: int, seed: int = 0, ctrl_scale: fl
         mujoco.mj_step(mjm, mjd)
     mujoco.mj_forward(mjm, mjd)
     return mjd
+
+
+# ---------------------------------------------------------------- stage tests
+
+CONTACT_FIELDS = tuple(f.name for f in dataclasses.fields(diffmj.types.Contact))
+
+
+def _tol(tol: float | dict[str, float], name: str) -> float:
+    return tol.get(name, TOL["smooth"]) if isinstance(tol, dict) else tol
+
+
+def compare_contacts(m, out, mjd, fields=CONTACT_FIELDS, tol: float | dict = TOL["rows"]) -> None:
+    """Each MuJoCo contact against diffmj's slot of the same geom pair (match_contacts).
+
+    ``active`` is MuJoCo's ``exclude == 0``. Slots without a MuJoCo contact have no MuJoCo
+    counterpart: they are only required to be empty (dist = +inf).
+    """
+    slot_of = match_contacts(m, out, mjd)
+    assert np.isfinite(as_numpy(out.contact.dist)).sum() == mjd.ncon, "diffmj has contacts MuJoCo does not"
+    if not mjd.ncon:
+        return
+    ks, slots = list(slot_of), list(slot_of.values())
+    for name in fields:
+        theirs = as_numpy(mjd.contact.exclude == 0 if name == "active" else getattr(mjd.contact, name))[ks]
+        ours = as_numpy(getattr(out.contact, name))[slots].reshape(theirs.shape)
+        assert_close(f"contact.{name}", ours, theirs, _tol(tol, f"contact.{name}"))
+
+
+def compare_rows(m, out, mjd, fields, tol: float | dict = TOL["rows"], kbip_columns=slice(None)) -> None:
+    """Every constraint row MuJoCo has against diffmj's row it matches (match_efc, which also
+    requires diffmj to have exactly those rows active: efc_active). Inactive rows have no MuJoCo
+    counterpart. ``kbip_columns`` picks which of efc_KBIP's K, B, I, P are compared."""
+    ours, theirs = match_efc(m, out, mjd)
+    if not mjd.nefc:
+        return
+    for name in fields:
+        if name == "efc_active":
+            continue  # compared by match_efc
+        expected = mj_efc_J(mjd.model, mjd) if name == "efc_J" else getattr(mjd, name)
+        actual = as_numpy(getattr(out, name))[ours]
+        if name == "efc_KBIP":
+            actual, expected = actual[:, kbip_columns], expected.reshape(-1, 4)[:, kbip_columns]
+        assert_close(name, actual, expected[theirs], _tol(tol, name))
+
+
+def poison(x: torch.Tensor) -> torch.Tensor:
+    """A value no stage computes: NaN for floats, -1 for ints, flipped for bools."""
+    if x.dtype == torch.bool:
+        return ~x
+    return torch.full_like(x, torch.nan if x.is_floating_point() else -1)
+
+
+def _leaves(d: diffmj.Data) -> dict[str, torch.Tensor]:
+    """Every field of d by name, the contact's dotted (contact.pos)."""
+    items = d.to_tensordict().items(include_nested=True, leaves_only=True)
+    return {k if isinstance(k, str) else ".".join(k): v for k, v in items}
+
+
+def check_stage(stage, m, mjd, writes, tol: float | dict = TOL["smooth"], d=None, empty_ok=False) -> diffmj.Data:
+    """Run one stage with its outputs poisoned; compare what it writes with MuJoCo, the rest unchanged.
+
+    The stage gets ``d`` (default put_data(m, mjd) of the mj_forward'ed ``mjd``) with every field
+    in ``writes`` poisoned. ``writes`` names exactly the fields the stage writes ("contact" for all
+    of d.contact), or maps a name to the entries written (an index into its first dimension).
+    After the stage, (a) no poison is left in them and each equals MuJoCo's value: put_data(m, mjd)
+    (for qLD, which MuJoCo stores in another layout, the Cholesky factor of MuJoCo's qM), contacts
+    by geom pair (compare_contacts), constraint rows by type and object (compare_rows); (b) every
+    other field (and entry) is bit-identical to the input. ``tol``: one tolerance or field -> tolerance
+    (others TOL["smooth"]). Returns the stage's output.
+    """
+    d = diffmj.put_data(m, mjd) if d is None else d
+    writes = writes if isinstance(writes, dict) else dict.fromkeys(writes)
+    if "contact" in writes:
+        writes = {**{f"contact.{f}": None for f in CONTACT_FIELDS}, **writes}
+        del writes["contact"]
+    inputs = _leaves(d)
+    assert set(writes) <= set(inputs), f"no such fields: {set(writes) - set(inputs)}"
+    masks, poisoned = {}, d.clone()
+    for name, index in writes.items():
+        x = inputs[name]
+        mask = torch.ones_like(x, dtype=torch.bool)
+        if index is not None:
+            mask = torch.zeros_like(mask).index_fill(0, torch.as_tensor(index, dtype=torch.long), True)
+        masks[name] = mask
+        poisoned.set(tuple(name.split(".")), torch.where(mask, poison(x), x))
+
+    out = stage(m, poisoned)
+    before, after = _leaves(poisoned), _leaves(out)
+    for name, x in after.items():
+        keep = ~masks[name] if name in masks else torch.ones_like(x, dtype=torch.bool)
+        torch.testing.assert_close(x[keep], before[name][keep], rtol=0, atol=0, equal_nan=True,
+                                   msg=lambda msg, name=name: f"{name}: changed, and not in writes\n{msg}")
+    for name, mask in masks.items():
+        assert not after[name][mask].isnan().any(), f"{name}: some entries not written (still NaN)"
+
+    contact = [n.removeprefix("contact.") for n in masks if n.startswith("contact.")]
+    if contact:
+        assert mjd.ncon > 0 and out.contact.active.any(), "no contacts to compare"
+        compare_contacts(m, out, mjd, contact, tol)
+    efc = [n for n in masks if n.startswith("efc_")]
+    if efc:
+        assert mjd.nefc > 0, "no constraint rows to compare"
+        compare_rows(m, out, mjd, efc, tol)
+    expected = _leaves(diffmj.put_data(m, mjd))
+    for name, mask in masks.items():
+        if not name.startswith(("contact.", "efc_")):
+            actual, theirs = torch.where(mask, after[name], 0), torch.where(mask, expected[name], 0)
+            assert_close(name, actual, theirs, _tol(tol, name), empty_ok)
+    return out

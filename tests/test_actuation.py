@@ -8,16 +8,15 @@ import pytest
 
 import diffmj
 from diffmj.actuation import actuation
-from tests.conftest import assert_close, mj_model, random_state, reference
+from tests.conftest import check_stage, mj_model, random_state
+
+WRITES = ("act_dot", "actuator_force", "qfrc_actuator")
 
 
 def _compare(mjm, mjd):
     m = diffmj.put_model(mjm)
     mujoco.mj_forward(mjm, mjd)
-    ref = reference(m, mjd)
-    out = actuation(m, ref)
-    for name in ("act_dot", "actuator_force", "qfrc_actuator"):
-        assert_close(name, getattr(out, name), getattr(ref, name))
+    check_stage(actuation, m, mjd, WRITES)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -11,7 +11,7 @@ How close to MuJoCo. MuJoCo's GJK / EPA stop at ``opt.ccd_tolerance``
 is then off by up to ~1e-5, its normal by ~1e-2 and its position by ~1e-3,
 while diffmj's values are exact to rounding. So the values are compared with
 MuJoCo run at ``ccd_tolerance = 1e-14`` and 3000 iterations (TIGHT), within
-bounds measured from MuJoCo's own convergence (see DIST_TOL below); the
+bounds measured from MuJoCo's own convergence (see TOL["ccd_dist"] below); the
 default model is used for the contact count. Where the answer is not unique
 MuJoCo's is arbitrary and only the unique parts are compared: the witness
 point of side lines or edges lying parallel, the normal of coaxial concentric
@@ -30,9 +30,10 @@ import torch
 
 import diffmj
 from diffmj.collision import convex, plan
+from diffmj.collision.driver import collision
 from diffmj.collision.common import GeomPose, make_frame
 from diffmj.math import quat_normalize, quat_to_mat
-from tests.conftest import as_numpy, assert_close, match_contacts, match_efc, mj_efc_J, mj_model, settled_state
+from tests.conftest import TOL, as_numpy, assert_close, check_stage, match_efc, mj_efc_J, mj_model, settled_state
 from tests.test_collision_primitive import SPECIAL_QUATS, _extent, _quat_mul, _random_size
 from tests.test_solver import assert_solution
 
@@ -186,10 +187,10 @@ def _emitted(out, case: int):
 
 
 # How MuJoCo's values are compared (measured, see below).
-# - Distances to DIST_TOL. MuJoCo's own answer certifies an interval for the true minimum of the
+# - Distances to TOL["ccd_dist"]. MuJoCo's own answer certifies an interval for the true minimum of the
 #   support function f: its reported depth -dist is a lower bound (EPA's polytope lies inside the
 #   Minkowski difference; GJK's simplex too) and f at its normal an upper bound. Where that
-#   interval is wider than DIST_TOL, MuJoCo has not converged even at TIGHT options (coaxial
+#   interval is wider than TOL["ccd_dist"], MuJoCo has not converged even at TIGHT options (coaxial
 #   concentric geoms: a whole circle of minima; measured up to 1.7e-5) and diffmj's depth must lie
 #   in it instead (up to rounding, VALUE_ROUNDING).
 # - Normals to 1e-9 + SQRT_FACTOR * sqrt(excess + VALUE_ROUNDING), where excess =
@@ -212,7 +213,6 @@ def _emitted(out, case: int):
 #   strict area comparisons pick one by the last bit of their rounding: the choice flips between
 #   CPUs (numpy's BLAS rounds the seeded poses differently) while diffmj keeps the first of equal
 #   ones. There each of MuJoCo's contacts is compared with the nearest vertex of diffmj's polygon.
-DIST_TOL = 1e-9
 SQRT_FACTOR = 4.0
 VALUE_ROUNDING = 1e-15
 
@@ -304,7 +304,7 @@ def test_matches_mujoco(name):
         depth, upper = -float(sol.dist[case]), _f(name, case, epa_normal)
         excess = upper - depth
         assert excess >= -VALUE_ROUNDING, f"case {case}: MuJoCo's normal has a lower support value by {-excess:.1e}"
-        converged = upper + epa_dist <= DIST_TOL
+        converged = upper + epa_dist <= TOL["ccd_dist"]
         if not converged:
             # separated: MuJoCo's distance bounds the true one only up to how far its witness points
             # lie outside the geoms (GJK's rounding: measured 8.3e-13 on cylinder_box case 10 with the
@@ -320,7 +320,7 @@ def test_matches_mujoco(name):
         for slot, ((dist, pos, normal), (mjdist, mjpos, mjnormal)) in enumerate(zip(ours, theirs)):
             where = f"case {case} slot {slot}"
             if converged:
-                assert_close(f"{where} dist", dist, mjdist, DIST_TOL)
+                assert_close(f"{where} dist", dist, mjdist, TOL["ccd_dist"])
             if unique_normal:
                 assert_close(f"{where} normal", normal, mjnormal, tol)
             if unique_witness:
@@ -403,8 +403,7 @@ def test_float32(name):
 
 # Model level: the frames of curved contacts carry MuJoCo's own EPA error even at the model's tight
 # ccd_tolerance (see the bounds above; measured up to 2e-7 in these states, positions 9e-9), and so
-# does efc_J, which is linear in them (measured 3e-7); distances are compared to DIST_TOL.
-MODEL_CONTACT_TOL = 1e-6
+# does efc_J, which is linear in them (measured 3e-7): TOL["ccd_contact"]; distances to TOL["ccd_dist"].
 
 
 @pytest.mark.parametrize("steps", [20, 50])
@@ -414,17 +413,13 @@ def test_model_contacts_and_solution(steps):
     mjm = mj_model("convex_pairs")
     mjd = settled_state(mjm, steps)
     m = diffmj.put_model(mjm)
-    out = diffmj.forward(m, diffmj.put_data(m, mjd))
-    mujoco.mj_forward(mjm, mjd)
     types = {tuple(sorted(mjm.geom_type[c.geom])) for c in mjd.contact[: mjd.ncon]}
     assert len(types & set(plan.CONVEX_PAIRS)) >= 5
-    for k, s in match_contacts(m, out, mjd).items():
-        con = mjd.contact[k]
-        assert_close(f"contact {k} dist", out.contact.dist[s], con.dist, DIST_TOL)
-        assert_close(f"contact {k} pos", out.contact.pos[s], con.pos, MODEL_CONTACT_TOL)
-        assert_close(f"contact {k} frame", out.contact.frame[s].reshape(-1), con.frame, MODEL_CONTACT_TOL)
+    tol = {"contact.dist": TOL["ccd_dist"], "contact.pos": TOL["ccd_contact"], "contact.frame": TOL["ccd_contact"]}
+    check_stage(collision, m, mjd, ("contact",), tol)
+    out = diffmj.forward(m, diffmj.put_data(m, mjd))
     ours, theirs = match_efc(m, out, mjd)
-    assert_close("efc_J", as_numpy(out.efc_J)[ours], mj_efc_J(mjm, mjd)[theirs], MODEL_CONTACT_TOL)
+    assert_close("efc_J", as_numpy(out.efc_J)[ours], mj_efc_J(mjm, mjd)[theirs], TOL["ccd_contact"])
     assert_solution(m, out, mjm, mjd)
 
 

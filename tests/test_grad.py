@@ -301,7 +301,8 @@ def test_transition_jacobians_batched():
     batched = diffmj.grad.transition_jacobians(m, torch.stack(datas))
     for i, d in enumerate(datas):
         for ours, single in zip(batched, diffmj.grad.transition_jacobians(m, d)):
-            assert_close("batched jacobian", ours[i], single, 1e-12)
+            # C and D (sensor rows) are empty: the hopper has no sensors
+            assert_close("batched jacobian", ours[i], single, 1e-12, empty_ok=True)
 
 
 PARAMETERS = {  # (field, index) of one element each; all change this model's motion

@@ -96,7 +96,8 @@ def _check_forward(seed: int) -> None:
     failures = []
     for name, value in expected.items():
         try:
-            assert_close(f"seed {seed}: forward {name}", actual[name], value, TOL["smooth"])
+            # a random model may have no sites, tendons, actuators, mocap bodies or sensors
+            assert_close(f"seed {seed}: forward {name}", actual[name], value, TOL["smooth"], empty_ok=True)
         except AssertionError as error:
             failures.append(str(error).splitlines()[0])
     assert not failures, "\n".join(failures)
@@ -109,7 +110,7 @@ def _check_step(seed: int) -> None:
         d = diffmj.step(m, d)
         for name in STEP_FIELDS:
             expected = np.asarray(getattr(mjd, name), dtype=np.float64)
-            assert_close(f"seed {seed}: step {k} {name}", getattr(d, name), expected, TOL["rollout"])
+            assert_close(f"seed {seed}: step {k} {name}", getattr(d, name), expected, TOL["rollout"], empty_ok=True)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

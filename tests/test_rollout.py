@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import BENCHMARK_MODELS, assert_close, mj_model, settled_state
+from tests.conftest import BENCHMARK_MODELS, TOL, assert_close, mj_model, settled_state
 
 INTEGRATORS = {"euler": 0, "rk4": 1, "implicitfast": 3}
 
@@ -66,7 +66,8 @@ def test_checkpointed_gradient_equals_full_tape(name, integrator, horizon):
     for checkpoint in ("auto", 4):
         ours = _gradients(m, d, ctrl, checkpoint)
         for key in full:
-            assert_close(f"{key} (checkpoint={checkpoint})", ours[key], full[key], 1e-12)
+            # contacts.xml has no actuators: its ctrl gradient is empty
+            assert_close(f"{key} (checkpoint={checkpoint})", ours[key], full[key], TOL["batch"], empty_ok=True)
 
 
 def test_rollout_composes_with_func_transforms():
@@ -77,12 +78,12 @@ def test_rollout_composes_with_func_transforms():
         return (diffmj.rollout(m, d, ctrl, checkpoint=checkpoint).qpos[:, 1] ** 2).sum()
 
     full = torch.func.grad(loss)(ctrl, None)
-    assert_close("func.grad", torch.func.grad(loss)(ctrl, "auto"), full, 1e-12)
+    assert_close("func.grad", torch.func.grad(loss)(ctrl, "auto"), full, TOL["batch"])
     _, vjp = torch.func.vjp(lambda c: loss(c, 3), ctrl)
-    assert_close("func.vjp", vjp(torch.ones((), dtype=m.dtype))[0], full, 1e-12)
+    assert_close("func.vjp", vjp(torch.ones((), dtype=m.dtype))[0], full, TOL["batch"])
     batched = torch.vmap(torch.func.grad(loss), in_dims=(0, None))(torch.stack([ctrl, -ctrl]), "auto")
-    assert_close("vmap(grad)", batched[0], full, 1e-12)
-    assert_close("vmap(grad)", batched[1], torch.func.grad(loss)(-ctrl, None), 1e-12)
+    assert_close("vmap(grad)", batched[0], full, TOL["batch"])
+    assert_close("vmap(grad)", batched[1], torch.func.grad(loss)(-ctrl, None), TOL["batch"])
 
 
 def test_batched_rollout():
@@ -91,16 +92,16 @@ def test_batched_rollout():
     datas = torch.stack([d, diffmj.step(m, d)])
     traj = diffmj.rollout(m, datas, torch.stack([ctrl, 2 * ctrl]))
     assert traj.batch_size == torch.Size([2, 5])
-    assert_close("batch element", traj[1].qpos, diffmj.rollout(m, datas[1], 2 * ctrl).qpos, 1e-13)
+    assert_close("batch element", traj[1].qpos, diffmj.rollout(m, datas[1], 2 * ctrl).qpos, TOL["batch"])
     shared = diffmj.rollout(m, datas, ctrl)  # one control sequence for both states
-    assert_close("broadcast ctrl", shared[0].qvel, diffmj.rollout(m, d, ctrl).qvel, 1e-13)
+    assert_close("broadcast ctrl", shared[0].qvel, diffmj.rollout(m, d, ctrl).qvel, TOL["batch"])
 
     def final_height(mass):
         return diffmj.rollout(m.replace(body_mass=mass), d, ctrl).qpos[-1, 1]
 
     masses = m.body_mass * torch.tensor([[0.9], [1.1]], dtype=m.dtype)
     heights = torch.vmap(final_height)(masses)
-    assert_close("vmap over model parameters", heights[1], final_height(masses[1]), 1e-13)
+    assert_close("vmap over model parameters", heights[1], final_height(masses[1]), TOL["batch"])
 
 
 def test_checkpoint_memory_grows_like_sqrt_horizon():

@@ -17,9 +17,8 @@ import torch
 import diffmj
 from diffmj.forward import fwd_position, fwd_velocity
 from diffmj.sensor import ray_geom, sensor_acc, sensor_pos, sensor_vel
-from tests.conftest import BENCHMARK_MODELS, TOL, assert_close, mj_model, random_state, settled_state
+from tests.conftest import BENCHMARK_MODELS, TOL, assert_close, check_stage, mj_model, random_state, settled_state
 
-SENSOR_TOL = 1e-9
 INTEGRATORS = {"euler": 0, "rk4": 1, "implicitfast": 3}
 
 
@@ -34,7 +33,7 @@ def _sensor_names(mjm: mujoco.MjModel) -> list[str]:
     ]
 
 
-def assert_sensordata(mjm: mujoco.MjModel, label: str, actual, expected: np.ndarray, tol: float = SENSOR_TOL):
+def assert_sensordata(mjm: mujoco.MjModel, label: str, actual, expected: np.ndarray, tol: float = TOL["sensor"]):
     """Compare sensor by sensor, so that a failure names the state and the sensor."""
     actual = actual.detach().numpy()
     for i, name in enumerate(_sensor_names(mjm)):
@@ -53,20 +52,36 @@ def sensor_model() -> mujoco.MjModel:
     return mj_model("sensors")
 
 
+def _entries(mjm: mujoco.MjModel, stage: mujoco.mjtStage) -> np.ndarray:
+    """sensordata entries of the sensors MuJoCo computes at ``stage``."""
+    sensors = np.flatnonzero(mjm.sensor_needstage == stage)
+    return np.concatenate([np.arange(mjm.sensor_adr[i], mjm.sensor_adr[i] + mjm.sensor_dim[i]) for i in sensors])
+
+
 @pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
-def test_forward_matches_mujoco(sensor_model, cone):
+def test_sensor_stages_match_mujoco(sensor_model, cone):
+    """Each sensor stage writes its sensors' entries of sensordata (sensor_acc also mj_rnePostConstraint's
+    cacc, cfrc_int, cfrc_ext) and nothing else. Its input is diffmj.forward of MuJoCo's state:
+    put_data carries no contacts or constraint rows, which touch, force and limit sensors read."""
     mjm = sensor_model
     mjm.opt.cone = getattr(mujoco.mjtCone, f"mjCONE_{cone.upper()}")
     m = diffmj.put_model(mjm)
+    stages = (
+        (sensor_pos, {"sensordata": _entries(mjm, mujoco.mjtStage.mjSTAGE_POS)}),
+        (sensor_vel, {"sensordata": _entries(mjm, mujoco.mjtStage.mjSTAGE_VEL)}),
+        (sensor_acc, {"sensordata": _entries(mjm, mujoco.mjtStage.mjSTAGE_ACC), "cacc": None, "cfrc_int": None,
+                      "cfrc_ext": None}),
+    )
     contacts = 0
     for label, mjd in _states(mjm):
-        d = diffmj.put_data(m, mjd)
         mujoco.mj_forward(mjm, mjd)
-        out = diffmj.forward(m, d)
         contacts += mjd.ncon
-        assert_sensordata(mjm, label, out.sensordata, mjd.sensordata)
-        for name in ("cacc", "cfrc_int", "cfrc_ext"):
-            assert_close(f"{label} {name}", getattr(out, name), getattr(mjd, name), SENSOR_TOL)
+        d = diffmj.forward(m, diffmj.put_data(m, mjd))
+        for stage, writes in stages:
+            try:
+                check_stage(stage, m, mjd, writes, TOL["sensor"], d=d)
+            except AssertionError as error:
+                raise AssertionError(f"{label}, {stage.__name__}: {error}") from error
     assert contacts > 10
 
 
@@ -177,7 +192,7 @@ def test_vmap_equals_each_element(sensor_model):
     for i in range(2):
         single = sensor_acc(m, sensor_vel(m, sensor_pos(m, out[i])))
         for name in ("sensordata", "cacc", "cfrc_int", "cfrc_ext"):
-            assert_close(name, getattr(out[i], name), getattr(single, name), 1e-13)
+            assert_close(name, getattr(out[i], name), getattr(single, name), TOL["batch"])
 
 
 def test_sensor_stages_compile_without_graph_breaks(sensor_model):

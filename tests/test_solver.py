@@ -17,6 +17,7 @@ import diffmj
 from tests.conftest import (
     ARM_ON_BOX,
     BENCHMARK_MODELS,
+    TOL,
     as_numpy,
     assert_close,
     match_efc,
@@ -25,7 +26,6 @@ from tests.conftest import (
     settled_state,
 )
 
-SOLVE_TOL = 1e-6  # qacc and forces, relative to their largest entry (issue: 1e-6 at convergence)
 
 
 def converged(mjm: mujoco.MjModel, cone: str = "pyramidal", solver: str = "newton") -> mujoco.MjModel:
@@ -45,7 +45,7 @@ def converged(mjm: mujoco.MjModel, cone: str = "pyramidal", solver: str = "newto
     return mjm
 
 
-def assert_solution(m, out, mjm, mjd, tol=SOLVE_TOL):
+def assert_solution(m, out, mjm, mjd, tol=TOL["solver"]):
     scale = max(1.0, np.abs(mjd.qacc).max())
     err = np.abs(as_numpy(out.qacc) - mjd.qacc).max() / scale
     assert err <= tol, f"qacc relative error {err:.2e}"
@@ -106,7 +106,7 @@ def test_shared_model_step(name, cone):
         mujoco.mj_step(mjm, mjd)
         out = diffmj.step(m, d)
         for field in ("qpos", "qvel"):
-            assert_close(field, getattr(out, field), getattr(mjd, field), SOLVE_TOL)
+            assert_close(field, getattr(out, field), getattr(mjd, field), TOL["solver"])
 
 
 def test_warmstart_disabled_gives_same_solution():
