@@ -17,12 +17,6 @@ import torch
 from torch import Tensor
 
 from diffmj import math
-from diffmj.plan import (
-    CNSTR_CONTACT_ELLIPTIC,
-    CNSTR_CONTACT_PYRAMIDAL,
-    CNSTR_FRICTION_DOF,
-    CNSTR_FRICTION_TENDON,
-)
 from diffmj.smooth import jac
 from diffmj.types import Data, DisableBit, Model
 
