@@ -29,8 +29,10 @@ import pytest
 import torch
 
 import diffmj
-from diffmj.collision import convex, plan
+from diffmj.collision import convex
 from diffmj.collision.common import GeomPose, make_frame
+from diffmj.collision.pairs import COLLIDERS
+from diffmj.enums import GeomType
 from diffmj.math import quat_normalize, quat_to_mat
 from tests.conftest import as_numpy, assert_close, match_contacts, match_efc, mj_efc_J, mj_model, settled_state
 from tests.test_collision_primitive import SPECIAL_QUATS, _extent, _quat_mul, _random_size
@@ -42,28 +44,24 @@ TIGHTER = dict(ccd_tolerance=0, ccd_iterations=20000)  # measures TIGHT's own er
 
 # pair name -> (geom type 1, geom type 2, pair function, contacts per pair)
 PAIRS = {
-    "sphere_ellipsoid": ("sphere", "ellipsoid", convex.sphere_ellipsoid, 1),
-    "capsule_ellipsoid": ("capsule", "ellipsoid", convex.capsule_ellipsoid, 1),
-    "ellipsoid_ellipsoid": ("ellipsoid", "ellipsoid", convex.ellipsoid_ellipsoid, 1),
-    "ellipsoid_cylinder": ("ellipsoid", "cylinder", convex.ellipsoid_cylinder, 1),
-    "ellipsoid_box": ("ellipsoid", "box", convex.ellipsoid_box, 1),
-    "capsule_cylinder": ("capsule", "cylinder", convex.capsule_cylinder, 2),
-    "cylinder_cylinder": ("cylinder", "cylinder", convex.cylinder_cylinder, 4),
-    "cylinder_box": ("cylinder", "box", convex.cylinder_box, 4),
+    f"{type1.name.lower()}_{type2.name.lower()}": (type1, type2, c.collide, c.max_contacts)
+    for (type1, type2), c in COLLIDERS.items()
+    if c.general_convex
 }
 
-def _model(type1: str, type2: str, multiccd: str = "enable", **option) -> mujoco.MjModel:
+
+def _model(type1: GeomType, type2: GeomType, multiccd: str = "enable", **option) -> mujoco.MjModel:
     opt = " ".join(f'{k}="{v}"' for k, v in option.items())
     xml = f"""<mujoco><option {opt}><flag gravity="disable" multiccd="{multiccd}"/></option><worldbody>
-      <body><freejoint/><geom type="{type1}" size="0.1 0.1 0.1"/></body>
-      <body><freejoint/><geom type="{type2}" size="0.1 0.1 0.1"/></body></worldbody></mujoco>"""
+      <body><freejoint/><geom type="{type1.name.lower()}" size="0.1 0.1 0.1"/></body>
+      <body><freejoint/><geom type="{type2.name.lower()}" size="0.1 0.1 0.1"/></body></worldbody></mujoco>"""
     m = mujoco.MjModel.from_xml_string(xml)
     m.geom_rbound[:] = 100  # sizes change per case: disable the bounding filters
     m.geom_aabb[:, 3:] = 100
     return m
 
 
-def _pose(rng, case: int, type1: str, type2: str, size1, size2):
+def _pose(rng, case: int, type1: GeomType, type2: GeomType, size1, size2):
     """qpos of the two free bodies for one case (cycling through the scenarios)."""
     scenario = case % 4
     special = SPECIAL_QUATS[rng.integers(len(SPECIAL_QUATS), size=2)]
@@ -375,7 +373,7 @@ def test_model_contacts_and_solution(steps):
     out = diffmj.forward(m, diffmj.put_data(m, mjd))
     mujoco.mj_forward(mjm, mjd)
     types = {tuple(sorted(mjm.geom_type[c.geom])) for c in mjd.contact[: mjd.ncon]}
-    assert len(types & set(plan.CONVEX_PAIRS)) >= 5
+    assert len(types & {key for key, c in COLLIDERS.items() if c.general_convex}) >= 5
     for k, s in match_contacts(m, out, mjd).items():
         con = mjd.contact[k]
         assert_close(f"contact {k} dist", out.contact.dist[s], con.dist, DIST_TOL)

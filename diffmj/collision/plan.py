@@ -16,45 +16,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffmj.collision.pairs import COLLIDERS
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
-
-PLANE, HFIELD, SPHERE, CAPSULE, ELLIPSOID, CYLINDER, BOX, MESH, SDF = range(9)
-GEOM_NAMES = ("plane", "hfield", "sphere", "capsule", "ellipsoid", "cylinder", "box", "mesh", "sdf")
-
-# type pair -> contacts per pair (MuJoCo's mj_maxContact for these primitives)
-MAX_CONTACTS = {
-    (PLANE, SPHERE): 1,
-    (PLANE, CAPSULE): 2,
-    (PLANE, ELLIPSOID): 1,
-    (PLANE, CYLINDER): 4,
-    (PLANE, BOX): 4,
-    (SPHERE, SPHERE): 1,
-    (SPHERE, CAPSULE): 1,
-    (SPHERE, CYLINDER): 1,
-    (SPHERE, BOX): 1,
-    (CAPSULE, CAPSULE): 2,
-    (CAPSULE, BOX): 2,  # MuJoCo 4 emits at most two (mj_maxContact reserves four)
-    (BOX, BOX): 8,
-    # general convex pairs (mjc_Convex); more than one only through multi-CCD (on by default)
-    (SPHERE, ELLIPSOID): 1,
-    (CAPSULE, ELLIPSOID): 1,
-    (ELLIPSOID, ELLIPSOID): 1,
-    (CAPSULE, CYLINDER): 2,
-    (ELLIPSOID, CYLINDER): 1,
-    (CYLINDER, CYLINDER): 4,
-    (ELLIPSOID, BOX): 1,
-    (CYLINDER, BOX): 4,
-}
-# the type pairs MuJoCo collides with its general convex collision (mjc_Convex)
-CONVEX_PAIRS = ((SPHERE, ELLIPSOID), (CAPSULE, ELLIPSOID), (ELLIPSOID, ELLIPSOID), (CAPSULE, CYLINDER),
-                (ELLIPSOID, CYLINDER), (CYLINDER, CYLINDER), (ELLIPSOID, BOX), (CYLINDER, BOX))
-
+from diffmj.enums import GeomType, ObjType
 
 @pytree_dataclass
 class PairGroup(PyTreeNode):
     """Candidate pairs sharing one narrow-phase function."""
 
-    types: tuple[int, int] = static_field()
+    types: tuple[GeomType, GeomType] = static_field()
     pair: Tensor  # [n] indices into the candidate pair list
 
 
@@ -138,15 +108,16 @@ def _first_pair(mjm: mujoco.MjModel, types) -> str | None:
     for g1, g2, _ in candidate_pairs(mjm):
         key = (int(mjm.geom_type[g1]), int(mjm.geom_type[g2]))
         if key in types:
-            n1 = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g1) or f"#{g1}"
-            n2 = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g2) or f"#{g2}"
-            return f"geom pair '{n1}' ({GEOM_NAMES[key[0]]}) - '{n2}' ({GEOM_NAMES[key[1]]})"
+            n1 = mujoco.mj_id2name(mjm, ObjType.GEOM, g1) or f"#{g1}"
+            n2 = mujoco.mj_id2name(mjm, ObjType.GEOM, g2) or f"#{g2}"
+            type1, type2 = (GeomType(t).name.lower() for t in key)
+            return f"geom pair '{n1}' ({type1}) - '{n2}' ({type2})"
     return None
 
 
 def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
     """A description of the first candidate pair without a narrow-phase function, if any."""
-    missing = {(a, b) for a in range(len(GEOM_NAMES)) for b in range(a, len(GEOM_NAMES))} - set(MAX_CONTACTS)
+    missing = {(a, b) for a in GeomType for b in GeomType if a <= b} - set(COLLIDERS)
     pair = _first_pair(mjm, missing)
     return f"{pair}: collision" if pair else None
 
@@ -154,7 +125,8 @@ def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
 def convex_pair(mjm: mujoco.MjModel, multi: bool = False) -> str | None:
     """A description of the first candidate pair MuJoCo collides with mjc_Convex (with ``multi``:
     one that multi-CCD may give more than one contact), if any."""
-    return _first_pair(mjm, [key for key in CONVEX_PAIRS if MAX_CONTACTS[key] > 1 or not multi])
+    return _first_pair(mjm, [key for key, collider in COLLIDERS.items()
+                             if collider.general_convex and (collider.max_contacts > 1 or not multi)])
 
 
 def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.device) -> CollisionPlan:
@@ -170,14 +142,14 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
     priority1 = [0.5 if prio[a] == prio[b] else float(prio[a] > prio[b]) for a, b in zip(g1, g2)]
 
     groups, contact_pair, contact_dim = [], [], []
-    for key in MAX_CONTACTS:
+    for key, collider in COLLIDERS.items():
         members = [i for i, (a, b, _) in enumerate(pairs) if (mjm.geom_type[a], mjm.geom_type[b]) == key]
         if not members:
             continue
         groups.append(PairGroup(types=key, pair=long(members)))
         for i in members:
-            contact_pair += [i] * MAX_CONTACTS[key]
-            contact_dim += [_condim(mjm, g1[i], g2[i], pid[i])] * MAX_CONTACTS[key]
+            contact_pair += [i] * collider.max_contacts
+            contact_dim += [_condim(mjm, g1[i], g2[i], pid[i])] * collider.max_contacts
     geoms = np.stack([np.asarray(g1, dtype=np.int64), np.asarray(g2, dtype=np.int64)], -1)
     contact_geom = geoms[np.asarray(contact_pair, dtype=np.int64)] if contact_pair else np.zeros((0, 2))
     return CollisionPlan(
