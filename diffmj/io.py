@@ -25,6 +25,9 @@ from diffmj.plan import (
 )
 from diffmj.tree import build_tree_plan
 from diffmj.types import (
+    COMPUTED_FIELDS,
+    INPUT_FIELDS,
+    STATE_FIELDS,
     BackwardMode,
     BiasType,
     ConeType,
@@ -392,11 +395,10 @@ def put_data(m: Model, mjd: mujoco.MjData) -> Data:
         raise ValueError("mujoco.MjData does not match the model's sizes (nq, nv, nu)")
     mjm = mjd.model
     fields = _zeros_data(m, ())
-    for name, zero in list(fields.items()):
-        if name in ("qM", "qLD", "ten_J", "actuator_moment", "contact", "eq_active") or name.startswith("efc_"):
-            continue
+    for name in _MJDATA_FIELDS:
+        zero = fields[name]
         value = np.asarray(getattr(mjd, name), dtype=np.float64)
-        fields[name] = torch.as_tensor(value.reshape(zero.shape).copy(), device=m.device).to(m.dtype)
+        fields[name] = torch.as_tensor(value.reshape(zero.shape).copy(), device=m.device).to(zero.dtype)
     qm = np.zeros((m.nv, m.nv))
     if m.nv:
         mujoco.mj_fullM(mjm, mjd, qm)
@@ -407,34 +409,29 @@ def put_data(m: Model, mjd: mujoco.MjData) -> Data:
     moment = _dense(mjd.actuator_moment, mjd.moment_rownnz, mjd.moment_rowadr, mjd.moment_colind, m.nv)
     fields["ten_J"] = torch.as_tensor(ten_j, device=m.device).to(m.dtype)
     fields["actuator_moment"] = torch.as_tensor(moment, device=m.device).to(m.dtype)
-    fields["eq_active"] = torch.as_tensor(mjd.eq_active.astype(bool), device=m.device)
     return Data(**fields, batch_size=())
 
 
-# fields copied back by get_data: those whose layout is MuJoCo's own
-_GET_FIELDS = (
-    "time", "qpos", "qvel", "act", "qacc_warmstart", "ctrl", "qfrc_applied", "xfrc_applied",
-    "mocap_pos", "mocap_quat", "qacc", "act_dot", "xpos", "xquat", "xmat", "xipos", "ximat",
-    "xanchor", "xaxis", "geom_xpos", "geom_xmat", "site_xpos", "site_xmat", "subtree_com",
-    "cdof", "cinert", "crb", "ten_length", "actuator_length", "ten_velocity",
-    "actuator_velocity", "cvel", "cdof_dot", "qfrc_bias", "qfrc_spring", "qfrc_damper",
-    "qfrc_gravcomp", "qfrc_passive", "actuator_force", "qfrc_actuator", "qfrc_smooth",
-    "qacc_smooth", "qfrc_constraint", "sensordata", "cacc", "cfrc_int", "cfrc_ext",
-)
+# Data fields diffmj stores differently from mjData (dense, or in its fixed slots and rows):
+# put_data converts them, get_data leaves them for mj_forward to recompute
+_OWN_LAYOUT = {"qM", "qLD", "ten_J", "actuator_moment", "contact"}
+_OWN_LAYOUT |= {f for f in COMPUTED_FIELDS if f.startswith("efc_")}
+# the others: put_data and get_data copy them as they are
+_MJDATA_FIELDS = tuple(f for f in STATE_FIELDS + INPUT_FIELDS + COMPUTED_FIELDS if f not in _OWN_LAYOUT)
 
 
 def get_data_into(mjd: mujoco.MjData, mjm: mujoco.MjModel, d: Data) -> None:
     """Copy an unbatched Data into ``mjd`` (MJX's ``get_data_into``).
 
     State, inputs and every computed field with MuJoCo's own layout are
-    copied; MuJoCo's sparse fields (M, qLD, ten_J, actuator_moment) are left
-    for ``mujoco.mj_forward`` to recompute.
+    copied; MuJoCo's sparse fields (M, qLD, ten_J, actuator_moment), contacts
+    and constraint rows are left for ``mujoco.mj_forward`` to recompute.
     """
     if d.batch_dims:
         raise ValueError(f"get_data takes one unbatched Data, got batch_size {tuple(d.batch_size)}")
     if mjd.qpos.shape[0] != d.qpos.shape[-1] or mjd.qvel.shape[0] != d.qvel.shape[-1]:
         raise ValueError("mujoco.MjData does not match the Data's sizes (nq, nv)")
-    for name in _GET_FIELDS:
+    for name in _MJDATA_FIELDS:
         value = getattr(d, name).detach().to("cpu", torch.float64).numpy()
         if name == "time":
             mjd.time = float(value)

@@ -398,3 +398,18 @@ class Data:
     cacc: Tensor  # [nbody, 6] com-based acceleration
     cfrc_int: Tensor  # [nbody, 6] com-based interaction force with the parent body
     cfrc_ext: Tensor  # [nbody, 6] com-based external force on the body
+
+
+# ---- the role of each Data field; make_data / put_data / get_data and checkpointed rollouts read these,
+# and a test checks that every field has exactly one
+STATE_FIELDS = ("time", "qpos", "qvel", "act", "qacc_warmstart")  # what a step advances
+INPUT_FIELDS = ("ctrl", "qfrc_applied", "xfrc_applied", "mocap_pos", "mocap_quat", "eq_active")  # held by a step
+COMPUTED_FIELDS = (  # recomputed from state and inputs by forward()
+    "qacc", "act_dot", "xpos", "xquat", "xmat", "xipos", "ximat", "xanchor", "xaxis", "geom_xpos", "geom_xmat",
+    "site_xpos", "site_xmat", "subtree_com", "cdof", "cinert", "crb", "ten_length", "ten_J", "actuator_length",
+    "actuator_moment", "qM", "qLD", "ten_velocity", "actuator_velocity", "cvel", "cdof_dot", "qfrc_bias",
+    "qfrc_spring", "qfrc_damper", "qfrc_gravcomp", "qfrc_passive", "actuator_force", "qfrc_actuator",
+    "qfrc_smooth", "qacc_smooth", "qfrc_constraint", "contact", "efc_active", "efc_J", "efc_pos", "efc_margin",
+    "efc_frictionloss", "efc_diagA", "efc_D", "efc_R", "efc_KBIP", "efc_vel", "efc_aref", "efc_force",
+    "efc_state", "sensordata", "cacc", "cfrc_int", "cfrc_ext",
+)

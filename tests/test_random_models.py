@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import diffmj
-from diffmj.io import _GET_FIELDS
+from diffmj.io import _MJDATA_FIELDS
 from diffmj import BiasType, DynType, GainType, IntegratorType, JointType, TrnType
 from tests.conftest import TOL, assert_close
 from tests.mjcf_random import INTEGRATORS, random_mjcf
@@ -73,7 +73,9 @@ def _sparse_to_dense(values, rownnz, rowadr, colind, ncol: int) -> np.ndarray:
 def _mujoco_fields(mjm: mujoco.MjModel, mjd: mujoco.MjData, like: diffmj.Data) -> dict[str, np.ndarray]:
     """MuJoCo's forward quantities in diffmj's dense shapes."""
     out = {}
-    for name in _GET_FIELDS:
+    for name in _MJDATA_FIELDS:
+        if name == "eq_active":  # not a forward quantity (and bool)
+            continue
         out[name] = np.asarray(getattr(mjd, name), dtype=np.float64).reshape(getattr(like, name).shape)
     qm = np.zeros((mjm.nv, mjm.nv))
     if mjm.nv:
