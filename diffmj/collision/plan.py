@@ -94,12 +94,18 @@ def candidate_pairs(mjm: mujoco.MjModel) -> list[tuple[int, int, int]]:
     return typed
 
 
-def _condim(mjm: mujoco.MjModel, g1: int, g2: int, p: int) -> int:
+def _priority1(mjm: mujoco.MjModel, g1: int, g2: int) -> float:
+    """1 where geom1's priority wins, 0 where geom2's, 0.5 if equal (mj_contactParam)."""
+    pr1, pr2 = mjm.geom_priority[g1], mjm.geom_priority[g2]
+    return 0.5 if pr1 == pr2 else float(pr1 > pr2)
+
+
+def _condim(mjm: mujoco.MjModel, g1: int, g2: int, p: int, priority1: float) -> int:
+    """condim of a candidate pair: the pair's own, the winner's, else the larger (mj_contactParam)."""
     if p >= 0:
         return int(mjm.pair_dim[p])
-    pr1, pr2 = mjm.geom_priority[g1], mjm.geom_priority[g2]
-    if pr1 != pr2:
-        return int(mjm.geom_condim[g1] if pr1 > pr2 else mjm.geom_condim[g2])
+    if priority1 != 0.5:
+        return int(mjm.geom_condim[g1] if priority1 == 1.0 else mjm.geom_condim[g2])
     return int(max(mjm.geom_condim[g1], mjm.geom_condim[g2]))
 
 
@@ -138,8 +144,7 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
     g1 = [g for g, _, _ in pairs]
     g2 = [g for _, g, _ in pairs]
     pid = [p for _, _, p in pairs]
-    prio = mjm.geom_priority
-    priority1 = [0.5 if prio[a] == prio[b] else float(prio[a] > prio[b]) for a, b in zip(g1, g2)]
+    priority1 = [_priority1(mjm, a, b) for a, b in zip(g1, g2)]
 
     groups, contact_pair, contact_dim = [], [], []
     for key, collider in COLLIDERS.items():
@@ -149,7 +154,7 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
         groups.append(PairGroup(types=key, pair=long(members)))
         for i in members:
             contact_pair += [i] * collider.max_contacts
-            contact_dim += [_condim(mjm, g1[i], g2[i], pid[i])] * collider.max_contacts
+            contact_dim += [_condim(mjm, g1[i], g2[i], pid[i], priority1[i])] * collider.max_contacts
     geoms = np.stack([np.asarray(g1, dtype=np.int64), np.asarray(g2, dtype=np.int64)], -1)
     contact_geom = geoms[np.asarray(contact_pair, dtype=np.int64)] if contact_pair else np.zeros((0, 2))
     return CollisionPlan(
