@@ -189,6 +189,22 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
 
 # ---------------------------------------------------------------- constraint rows
 
+# MuJoCo's efc row order up to the contacts, which follow grouped by condim: (block, efc_type, rows per
+# element). ConstraintPlan holds each block's element ids under its name; constraint.py builds the rows
+# block by block in this order.
+ROW_BLOCKS = (
+    ("connect_eq", ConstraintType.EQUALITY, 3),
+    ("weld_eq", ConstraintType.EQUALITY, 6),
+    ("joint_eq", ConstraintType.EQUALITY, 1),
+    ("tendon_eq", ConstraintType.EQUALITY, 1),
+    ("friction_dof", ConstraintType.FRICTION_DOF, 1),
+    ("friction_tendon", ConstraintType.FRICTION_TENDON, 1),
+    ("limit_scalar_jnt", ConstraintType.LIMIT_JOINT, 2),  # lower, upper
+    ("limit_ball_jnt", ConstraintType.LIMIT_JOINT, 1),
+    ("limit_tendon", ConstraintType.LIMIT_TENDON, 2),  # lower, upper
+)
+
+
 @pytree_dataclass
 class ContactRows(PyTreeNode):
     """Contact slots of one condim and the first of their constraint rows."""
@@ -203,10 +219,9 @@ class ContactRows(PyTreeNode):
 class ConstraintPlan(PyTreeNode):
     """Fixed layout of the constraint rows (efc_*), in blocks of one kind each.
 
-    Row order: connect, weld, joint and tendon equalities, dof and tendon
-    frictionloss, hinge / slide, ball and tendon limits, then contacts grouped
-    by condim. Within a block, rows follow element order. Each row exists every
-    step; ``d.efc_active`` marks the rows MuJoCo would instantiate.
+    Row order: the blocks of ``ROW_BLOCKS``, then contacts grouped by condim.
+    Within a block, rows follow element order. Each row exists every step;
+    ``d.efc_active`` marks the rows MuJoCo would instantiate.
     """
 
     connect_eq: Tensor  # [k] equality ids
@@ -246,12 +261,18 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
 
     eq_types = mjm.eq_type if eq_on else np.zeros(0, int)
     eqs = {t: [i for i in range(len(eq_types)) if eq_types[i] == t] for t in EqType}
-    friction_dof = [i for i in range(mjm.nv) if fri_on and mjm.dof_frictionloss[i] > 0]
-    friction_tendon = [i for i in range(mjm.ntendon) if fri_on and mjm.tendon_frictionloss[i] > 0]
     limited = [j for j in range(mjm.njnt) if lim_on and mjm.jnt_limited[j]]
-    limit_scalar = [j for j in limited if mjm.jnt_type[j] in (JointType.SLIDE, JointType.HINGE)]
-    limit_ball = [j for j in limited if mjm.jnt_type[j] == JointType.BALL]
-    limit_tendon = [t for t in range(mjm.ntendon) if lim_on and mjm.tendon_limited[t]]
+    elements = {  # ids of the elements of each row block
+        "connect_eq": eqs[EqType.CONNECT],
+        "weld_eq": eqs[EqType.WELD],
+        "joint_eq": eqs[EqType.JOINT],
+        "tendon_eq": eqs[EqType.TENDON],
+        "friction_dof": [i for i in range(mjm.nv) if fri_on and mjm.dof_frictionloss[i] > 0],
+        "friction_tendon": [i for i in range(mjm.ntendon) if fri_on and mjm.tendon_frictionloss[i] > 0],
+        "limit_scalar_jnt": [j for j in limited if mjm.jnt_type[j] in (JointType.SLIDE, JointType.HINGE)],
+        "limit_ball_jnt": [j for j in limited if mjm.jnt_type[j] == JointType.BALL],
+        "limit_tendon": [t for t in range(mjm.ntendon) if lim_on and mjm.tendon_limited[t]],
+    }
 
     efc_type: list[int] = []
     efc_id: list[int] = []
@@ -261,18 +282,11 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
             efc_type.extend([kind] * per)
             efc_id.extend([i] * per)
 
-    rows(ConstraintType.EQUALITY, eqs[EqType.CONNECT], 3)
-    rows(ConstraintType.EQUALITY, eqs[EqType.WELD], 6)
-    rows(ConstraintType.EQUALITY, eqs[EqType.JOINT], 1)
-    rows(ConstraintType.EQUALITY, eqs[EqType.TENDON], 1)
-    ne = len(efc_type)
-    rows(ConstraintType.FRICTION_DOF, friction_dof, 1)
-    rows(ConstraintType.FRICTION_TENDON, friction_tendon, 1)
-    nf = len(efc_type) - ne
-    rows(ConstraintType.LIMIT_JOINT, limit_scalar, 2)
-    rows(ConstraintType.LIMIT_JOINT, limit_ball, 1)
-    rows(ConstraintType.LIMIT_TENDON, limit_tendon, 2)
-    nl = len(efc_type) - ne - nf
+    for name, kind, per in ROW_BLOCKS:
+        rows(kind, elements[name], per)
+    ne = efc_type.count(ConstraintType.EQUALITY)
+    nf = efc_type.count(ConstraintType.FRICTION_DOF) + efc_type.count(ConstraintType.FRICTION_TENDON)
+    nl = efc_type.count(ConstraintType.LIMIT_JOINT) + efc_type.count(ConstraintType.LIMIT_TENDON)
 
     contacts = []
     for dim in sorted(set(contact_dim)):
@@ -305,15 +319,7 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
         eq_obj2=_long(np.maximum(obj2, 0), device),
         eq_has_obj2=_floats(obj2 >= 0, dtype, device),
         frictional_rows=torch.as_tensor(frictional, dtype=torch.bool, device=device),
-        connect_eq=_long(eqs[EqType.CONNECT], device),
-        weld_eq=_long(eqs[EqType.WELD], device),
-        joint_eq=_long(eqs[EqType.JOINT], device),
-        tendon_eq=_long(eqs[EqType.TENDON], device),
-        friction_dof=_long(friction_dof, device),
-        friction_tendon=_long(friction_tendon, device),
-        limit_scalar_jnt=_long(limit_scalar, device),
-        limit_ball_jnt=_long(limit_ball, device),
-        limit_tendon=_long(limit_tendon, device),
+        **{name: _long(ids, device) for name, ids in elements.items()},
         contacts=tuple(contacts),
         efc_type=tuple(efc_type),
         efc_id=tuple(efc_id),
