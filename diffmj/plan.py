@@ -16,6 +16,7 @@ from diffmj.enums import (
     BiasType,
     ConeType,
     ConstraintType,
+    DisableBit,
     DynType,
     EqType,
     GainType,
@@ -249,14 +250,12 @@ class ConstraintPlan(PyTreeNode):
 
 def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> ConstraintPlan:
     """Row layout for the model's equalities, frictionloss, limits and contact slots."""
-    from mujoco import mjtDisableBit as dsbl
-
     flags = mjm.opt.disableflags
-    if flags & dsbl.mjDSBL_CONSTRAINT:
+    if flags & DisableBit.CONSTRAINT:
         contact_dim = ()
-    eq_on = not flags & (dsbl.mjDSBL_CONSTRAINT | dsbl.mjDSBL_EQUALITY)
-    fri_on = not flags & (dsbl.mjDSBL_CONSTRAINT | dsbl.mjDSBL_FRICTIONLOSS)
-    lim_on = not flags & (dsbl.mjDSBL_CONSTRAINT | dsbl.mjDSBL_LIMIT)
+    eq_on = not flags & (DisableBit.CONSTRAINT | DisableBit.EQUALITY)
+    fri_on = not flags & (DisableBit.CONSTRAINT | DisableBit.FRICTIONLOSS)
+    lim_on = not flags & (DisableBit.CONSTRAINT | DisableBit.LIMIT)
     elliptic = bool(mjm.opt.cone == ConeType.ELLIPTIC)
 
     eq_types = mjm.eq_type if eq_on else np.zeros(0, int)

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from diffmj.collision.pairs import COLLIDERS
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
-from diffmj.enums import GeomType, ObjType
+from diffmj.enums import DisableBit, GeomType, ObjType
 
 @pytree_dataclass
 class PairGroup(PyTreeNode):
@@ -55,7 +55,7 @@ def _bodies_may_collide(mjm: mujoco.MjModel, b1: int, b2: int) -> bool:
     weld2, parent2, dofs2 = _weld_info(mjm, b2)
     if weld1 == weld2 or (dofs1 == 0 and dofs2 == 0):
         return False
-    filterparent = not mjm.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_FILTERPARENT
+    filterparent = not mjm.opt.disableflags & DisableBit.FILTERPARENT
     if filterparent and weld1 and weld2 and (weld1 == parent2 or weld2 == parent1):
         return False
     signature = (min(b1, b2) << 16) + max(b1, b2)
@@ -69,8 +69,7 @@ def _bitmask_ok(mjm: mujoco.MjModel, g1: int, g2: int) -> bool:
 
 def candidate_pairs(mjm: mujoco.MjModel) -> list[tuple[int, int, int]]:
     """(geom1, geom2, pair id or -1) for every pair that may collide, geom1 of lower type."""
-    disabled = mujoco.mjtDisableBit
-    if mjm.opt.disableflags & (disabled.mjDSBL_CONTACT | disabled.mjDSBL_CONSTRAINT):
+    if mjm.opt.disableflags & (DisableBit.CONTACT | DisableBit.CONSTRAINT):
         return []
     explicit = {}
     for p in range(mjm.npair):
