@@ -17,12 +17,7 @@ import torch
 from torch import Tensor
 
 from diffmj import math
-from diffmj.plan import (
-    CNSTR_CONTACT_ELLIPTIC,
-    CNSTR_CONTACT_PYRAMIDAL,
-    CNSTR_FRICTION_DOF,
-    CNSTR_FRICTION_TENDON,
-)
+from diffmj.plan import ROW_BLOCKS
 from diffmj.smooth import jac
 from diffmj.types import Data, DisableBit, Model
 
@@ -159,18 +154,23 @@ def _tendon_eq_rows(m: Model, d: Data) -> Rows:
     )
 
 
-def _friction_rows(m: Model, d: Data) -> Rows:
-    plan = m.constraint_plan
-    dof, ten = plan.friction_dof, plan.friction_tendon
-    J = torch.cat((torch.nn.functional.one_hot(dof, m.nv).to(m.dtype), d.ten_J[ten]))
-    zero = torch.zeros(J.shape[0], dtype=m.dtype, device=m.device)
-    return _rows(
-        J, zero, zero, torch.ones_like(zero, dtype=torch.bool),
-        torch.cat((m.dof_invweight0[dof], m.tendon_invweight0[ten])),
-        torch.cat((m.dof_solref[dof], m.tendon_solref_fri[ten])),
-        torch.cat((m.dof_solimp[dof], m.tendon_solimp_fri[ten])),
-        frictionloss=torch.cat((m.dof_frictionloss[dof], m.tendon_frictionloss[ten])),
-    )
+def _friction_rows(J: Tensor, diag: Tensor, solref: Tensor, solimp: Tensor, frictionloss: Tensor) -> Rows:
+    """Frictionloss rows: always active, at zero distance."""
+    zero = torch.zeros(J.shape[0], dtype=J.dtype, device=J.device)
+    return _rows(J, zero, zero, torch.ones_like(zero, dtype=torch.bool), diag, solref, solimp,
+                 frictionloss=frictionloss)
+
+
+def _dof_friction_rows(m: Model, d: Data) -> Rows:
+    dof = m.constraint_plan.friction_dof
+    J = torch.nn.functional.one_hot(dof, m.nv).to(m.dtype)
+    return _friction_rows(J, m.dof_invweight0[dof], m.dof_solref[dof], m.dof_solimp[dof], m.dof_frictionloss[dof])
+
+
+def _tendon_friction_rows(m: Model, d: Data) -> Rows:
+    ten = m.constraint_plan.friction_tendon
+    return _friction_rows(d.ten_J[ten], m.tendon_invweight0[ten], m.tendon_solref_fri[ten],
+                          m.tendon_solimp_fri[ten], m.tendon_frictionloss[ten])
 
 
 def _two_sided(value: Tensor, bounds: Tensor, J: Tensor):
@@ -179,31 +179,39 @@ def _two_sided(value: Tensor, bounds: Tensor, J: Tensor):
     return dist, torch.stack((J, -J), 1).flatten(0, 1)
 
 
-def _limit_rows(m: Model, d: Data) -> Rows:
-    plan = m.constraint_plan
-    jnt, ball, ten = plan.limit_scalar_jnt, plan.limit_ball_jnt, plan.limit_tendon
-    eye = torch.nn.functional.one_hot(m.tree.jnt_dofadr[jnt], m.nv).to(m.dtype)
-    dist_j, J_j = _two_sided(d.qpos[m.tree.jnt_qposadr[jnt]], m.jnt_range[jnt], eye)
-    # ball: distance of the rotation angle to the largest range value, J = -unit axis
+def _limit_rows(J: Tensor, dist: Tensor, margin: Tensor, diag: Tensor, solref: Tensor, solimp: Tensor) -> Rows:
+    """Limit rows: active once the distance is below the margin."""
+    return _rows(J, dist, margin, dist < margin, diag, solref, solimp)
+
+
+def _scalar_limit_rows(m: Model, d: Data) -> Rows:
+    """Hinge and slide joint limits: lower and upper row per joint."""
+    jnt = m.constraint_plan.limit_scalar_jnt
+    dofadr = m.tree.jnt_dofadr[jnt]
+    eye = torch.nn.functional.one_hot(dofadr, m.nv).to(m.dtype)
+    dist, J = _two_sided(d.qpos[m.tree.jnt_qposadr[jnt]], m.jnt_range[jnt], eye)
+    return _limit_rows(J, dist, _repeat(m.jnt_margin[jnt], 2), _repeat(m.dof_invweight0[dofadr], 2),
+                       _repeat(m.jnt_solref[jnt], 2), _repeat(m.jnt_solimp[jnt], 2))
+
+
+def _ball_limit_rows(m: Model, d: Data) -> Rows:
+    """Ball joint limits: distance of the rotation angle to the largest range value, J = -unit axis."""
+    ball = m.constraint_plan.limit_ball_jnt
+    dofadr = m.tree.jnt_dofadr[ball]
     quat = math.quat_normalize(math.gather_blocks(d.qpos, m.tree.jnt_qposadr[ball], 4))
     axis, angle = math.normalize(math.quat_to_vel(quat))
-    dist_b = torch.maximum(m.jnt_range[ball, 0], m.jnt_range[ball, 1]) - angle
-    J_b = torch.zeros(ball.shape[0], m.nv, dtype=m.dtype, device=m.device)
-    index = m.tree.jnt_dofadr[ball][:, None] + torch.arange(3, device=m.device)
-    J_b = J_b.scatter(1, index, -axis)
-    dist_t, J_t = _two_sided(d.ten_length[ten], m.tendon_range[ten], d.ten_J[ten])
-    dist = torch.cat((dist_j, dist_b, dist_t))
-    margin = torch.cat((_repeat(m.jnt_margin[jnt], 2), m.jnt_margin[ball], _repeat(m.tendon_margin[ten], 2)))
-    inv_j = m.dof_invweight0[m.tree.jnt_dofadr]
-    return _rows(
-        torch.cat((J_j, J_b, J_t)),
-        dist,
-        margin,
-        dist < margin,
-        torch.cat((_repeat(inv_j[jnt], 2), inv_j[ball], _repeat(m.tendon_invweight0[ten], 2))),
-        torch.cat((_repeat(m.jnt_solref[jnt], 2), m.jnt_solref[ball], _repeat(m.tendon_solref_lim[ten], 2))),
-        torch.cat((_repeat(m.jnt_solimp[jnt], 2), m.jnt_solimp[ball], _repeat(m.tendon_solimp_lim[ten], 2))),
-    )
+    dist = torch.maximum(m.jnt_range[ball, 0], m.jnt_range[ball, 1]) - angle
+    J = torch.zeros(ball.shape[0], m.nv, dtype=m.dtype, device=m.device)
+    J = J.scatter(1, dofadr[:, None] + torch.arange(3, device=m.device), -axis)
+    return _limit_rows(J, dist, m.jnt_margin[ball], m.dof_invweight0[dofadr], m.jnt_solref[ball], m.jnt_solimp[ball])
+
+
+def _tendon_limit_rows(m: Model, d: Data) -> Rows:
+    """Tendon length limits: lower and upper row per tendon."""
+    ten = m.constraint_plan.limit_tendon
+    dist, J = _two_sided(d.ten_length[ten], m.tendon_range[ten], d.ten_J[ten])
+    return _limit_rows(J, dist, _repeat(m.tendon_margin[ten], 2), _repeat(m.tendon_invweight0[ten], 2),
+                       _repeat(m.tendon_solref_lim[ten], 2), _repeat(m.tendon_solimp_lim[ten], 2))
 
 
 def _contact_rows(m: Model, d: Data, group) -> Rows:
@@ -310,13 +318,24 @@ def _safe_ref(m: Model, ref: Tensor) -> Tensor:
     return torch.cat((safe0, ref[:, 1:]), -1)
 
 
+# the rows of each block of ROW_BLOCKS
+_ROW_BUILDERS = {
+    "connect_eq": _connect_rows,
+    "weld_eq": _weld_rows,
+    "joint_eq": _joint_eq_rows,
+    "tendon_eq": _tendon_eq_rows,
+    "friction_dof": _dof_friction_rows,
+    "friction_tendon": _tendon_friction_rows,
+    "limit_scalar_jnt": _scalar_limit_rows,
+    "limit_ball_jnt": _ball_limit_rows,
+    "limit_tendon": _tendon_limit_rows,
+}
+
+
 def _all_rows(m: Model, d: Data) -> Rows:
-    plan = m.constraint_plan
-    blocks = [
-        _connect_rows(m, d), _weld_rows(m, d), _joint_eq_rows(m, d), _tendon_eq_rows(m, d),
-        _friction_rows(m, d), _limit_rows(m, d),
-    ]
-    blocks += [_contact_rows(m, d, group) for group in plan.contacts]
+    """Every row of the plan's layout, in MuJoCo's order."""
+    blocks = [_ROW_BUILDERS[name](m, d) for name, _, _ in ROW_BLOCKS]
+    blocks += [_contact_rows(m, d, group) for group in m.constraint_plan.contacts]
     return Rows(*(torch.cat(parts) for parts in zip(*blocks)))
 
 
@@ -399,7 +418,7 @@ def jac_dot(m: Model, d: Data, point: Tensor, body: Tensor) -> tuple[Tensor, Ten
 
 
 def _equality_jdotv(m: Model, d: Data) -> Tensor:
-    """Jdot * qvel of connect and weld rows (mj_Jdotv); zero for other rows. [nefc]"""
+    """Jdot * qvel of connect and weld rows (mj_Jdotv), the first blocks of ROW_BLOCKS; zero for other rows. [nefc]"""
     plan = m.constraint_plan
     parts = []
     for eq, weld in ((plan.connect_eq, False), (plan.weld_eq, True)):

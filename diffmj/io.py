@@ -13,13 +13,11 @@ import mujoco
 import numpy as np
 import torch
 
-from diffmj.collision.plan import GEOM_NAMES, build_collision_plan, convex_pair, unsupported_pair
+from diffmj.collision.plan import build_collision_plan, convex_pair, unsupported_pair
 from diffmj.names import build_names
 from diffmj.plan import (
-    OBJ_CAMERA,
     RAY_PRIMITIVES,
     SUPPORTED_SENSORS,
-    SensorType,
     build_actuator_plan,
     build_constraint_plan,
     build_sensor_plan,
@@ -28,19 +26,28 @@ from diffmj.plan import (
 )
 from diffmj.tree import build_tree_plan
 from diffmj.types import (
+    COMPUTED_FIELDS,
+    INPUT_FIELDS,
+    STATE_FIELDS,
     BackwardMode,
     BiasType,
+    ConeType,
     Contact,
     Data,
     DisableBit,
     DynType,
     EnableBit,
+    EqType,
     GainType,
+    GeomType,
     IntegratorType,
     Model,
+    ObjType,
     Option,
+    SensorType,
     SolverType,
     TrnType,
+    WrapType,
 )
 
 _SUPPORTED_INTEGRATORS = (
@@ -49,11 +56,10 @@ _SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.
 _SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT)
 _SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE)
 _SUPPORTED_BIAS = (BiasType.NONE, BiasType.AFFINE)
-_WRAP_JOINT = 1
-_SUPPORTED_EQ = (0, 1, 2, 3)  # connect, weld, joint, tendon
+_SUPPORTED_EQ = (EqType.CONNECT, EqType.WELD, EqType.JOINT, EqType.TENDON)
 
 
-def _name(mjm: mujoco.MjModel, obj: mujoco.mjtObj, i: int) -> str:
+def _name(mjm: mujoco.MjModel, obj: ObjType, i: int) -> str:
     name = mujoco.mj_id2name(mjm, obj, i)
     return f"'{name}'" if name else f"#{i}"
 
@@ -65,7 +71,6 @@ def _refuse(what: str) -> None:
 def check_supported(mjm: mujoco.MjModel) -> None:
     """Raise NotImplementedError naming the first unsupported feature of ``mjm``."""
     opt = mjm.opt
-    obj = mujoco.mjtObj
     if opt.integrator not in _SUPPORTED_INTEGRATORS:
         _refuse(f"option integrator '{IntegratorType(opt.integrator).name.lower()}'")
     if opt.enableflags & EnableBit.SLEEP:
@@ -93,18 +98,18 @@ def check_supported(mjm: mujoco.MjModel) -> None:
 
     for j in range(mjm.njnt):
         if np.any(mjm.jnt_stiffnesspoly[j]):
-            _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, j)}: polynomial stiffness")
+            _refuse(f"joint {_name(mjm, ObjType.JOINT, j)}: polynomial stiffness")
         if mjm.jnt_actuatorid[j] >= 0:
-            _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, j)}: actuator damping / armature")
+            _refuse(f"joint {_name(mjm, ObjType.JOINT, j)}: actuator damping / armature")
     for i in range(mjm.nv):
         if np.any(mjm.dof_dampingpoly[i]):
-            _refuse(f"joint {_name(mjm, obj.mjOBJ_JOINT, mjm.dof_jntid[i])}: polynomial damping")
+            _refuse(f"joint {_name(mjm, ObjType.JOINT, mjm.dof_jntid[i])}: polynomial damping")
 
     for e in range(mjm.neq):
-        ename = f"equality {_name(mjm, obj.mjOBJ_EQUALITY, e)}"
+        ename = f"equality {_name(mjm, ObjType.EQUALITY, e)}"
         if mjm.eq_type[e] not in _SUPPORTED_EQ:
-            _refuse(f"{ename}: type '{mujoco.mjtEq(mjm.eq_type[e]).name[5:].lower()}'")
-        if mjm.eq_type[e] in (0, 1) and mjm.eq_objtype[e] != obj.mjOBJ_BODY:
+            _refuse(f"{ename}: type '{EqType(mjm.eq_type[e]).name.lower()}'")
+        if mjm.eq_type[e] in (EqType.CONNECT, EqType.WELD) and mjm.eq_objtype[e] != ObjType.BODY:
             _refuse(f"{ename}: site semantics")
     pair = unsupported_pair(mjm)
     if pair:
@@ -118,9 +123,9 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         _refuse(f"option flag 'multiccd' disabled for {pair}")
 
     for t in range(mjm.ntendon):
-        tname = _name(mjm, obj.mjOBJ_TENDON, t)
+        tname = _name(mjm, ObjType.TENDON, t)
         adr, num = mjm.tendon_adr[t], mjm.tendon_num[t]
-        if np.any(mjm.wrap_type[adr : adr + num] != _WRAP_JOINT):
+        if np.any(mjm.wrap_type[adr : adr + num] != WrapType.JOINT):
             _refuse(f"tendon {tname}: spatial tendons")
         if np.any(mjm.tendon_stiffnesspoly[t]) or np.any(mjm.tendon_dampingpoly[t]):
             _refuse(f"tendon {tname}: polynomial stiffness / damping")
@@ -128,7 +133,7 @@ def check_supported(mjm: mujoco.MjModel) -> None:
             _refuse(f"tendon {tname}: actuator damping / armature")
 
     for i in range(mjm.nu):
-        aname = f"actuator {_name(mjm, obj.mjOBJ_ACTUATOR, i)}"
+        aname = f"actuator {_name(mjm, ObjType.ACTUATOR, i)}"
         trn = mjm.actuator_trntype[i]
         if trn not in _SUPPORTED_TRN:
             _refuse(f"{aname}: transmission '{TrnType(trn).name.lower()}'")
@@ -153,19 +158,19 @@ def check_supported(mjm: mujoco.MjModel) -> None:
 def _check_sensors(mjm: mujoco.MjModel) -> None:
     """Refuse sensor types diffmj does not compute, camera frames and delayed / sampled outputs."""
     for i in range(mjm.nsensor):
-        sname = f"sensor {_name(mjm, mujoco.mjtObj.mjOBJ_SENSOR, i)}"
+        sname = f"sensor {_name(mjm, ObjType.SENSOR, i)}"
         typ = int(mjm.sensor_type[i])
         if typ not in SUPPORTED_SENSORS:
             _refuse(f"{sname}: type '{SensorType(typ).name.lower()}'")
-        if OBJ_CAMERA in (mjm.sensor_objtype[i], mjm.sensor_reftype[i]):
+        if ObjType.CAMERA in (mjm.sensor_objtype[i], mjm.sensor_reftype[i]):
             _refuse(f"{sname}: camera frames")
         if mjm.sensor_history[i, 0] > 0 or mjm.sensor_delay[i] > 0 or mjm.sensor_interval[i, 0] > 0:
             _refuse(f"{sname}: delay / history / interval")
         if typ == SensorType.RANGEFINDER:
             for g in ray_geoms(mjm):
                 if mjm.geom_type[g] not in RAY_PRIMITIVES:
-                    gname = _name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g)
-                    _refuse(f"{sname}: rangefinder ray against {GEOM_NAMES[mjm.geom_type[g]]} geom {gname}")
+                    gname = _name(mjm, ObjType.GEOM, g)
+                    _refuse(f"{sname}: rangefinder ray against {GeomType(mjm.geom_type[g]).name.lower()} geom {gname}")
 
 
 def _tuple(x) -> tuple[int, ...]:
@@ -206,8 +211,8 @@ def put_model(
         o_friction=t(o.o_friction),
         magnetic=t(o.magnetic),
         integrator=IntegratorType(o.integrator),
-        cone=o.cone,
-        solver=o.solver,
+        cone=ConeType(o.cone),
+        solver=SolverType(o.solver),
         iterations=int(o.iterations),
         ls_iterations=int(o.ls_iterations),
         disableflags=int(o.disableflags),
@@ -391,11 +396,10 @@ def put_data(m: Model, mjd: mujoco.MjData) -> Data:
         raise ValueError("mujoco.MjData does not match the model's sizes (nq, nv, nu)")
     mjm = mjd.model
     fields = _zeros_data(m, ())
-    for name, zero in list(fields.items()):
-        if name in ("qM", "qLD", "ten_J", "actuator_moment", "contact", "eq_active") or name.startswith("efc_"):
-            continue
+    for name in _MJDATA_FIELDS:
+        zero = fields[name]
         value = np.asarray(getattr(mjd, name), dtype=np.float64)
-        fields[name] = torch.as_tensor(value.reshape(zero.shape).copy(), device=m.device).to(m.dtype)
+        fields[name] = torch.as_tensor(value.reshape(zero.shape).copy(), device=m.device).to(zero.dtype)
     qm = np.zeros((m.nv, m.nv))
     if m.nv:
         mujoco.mj_fullM(mjm, mjd, qm)
@@ -406,34 +410,29 @@ def put_data(m: Model, mjd: mujoco.MjData) -> Data:
     moment = _dense(mjd.actuator_moment, mjd.moment_rownnz, mjd.moment_rowadr, mjd.moment_colind, m.nv)
     fields["ten_J"] = torch.as_tensor(ten_j, device=m.device).to(m.dtype)
     fields["actuator_moment"] = torch.as_tensor(moment, device=m.device).to(m.dtype)
-    fields["eq_active"] = torch.as_tensor(mjd.eq_active.astype(bool), device=m.device)
     return Data(**fields, batch_size=())
 
 
-# fields copied back by get_data: those whose layout is MuJoCo's own
-_GET_FIELDS = (
-    "time", "qpos", "qvel", "act", "qacc_warmstart", "ctrl", "qfrc_applied", "xfrc_applied",
-    "mocap_pos", "mocap_quat", "qacc", "act_dot", "xpos", "xquat", "xmat", "xipos", "ximat",
-    "xanchor", "xaxis", "geom_xpos", "geom_xmat", "site_xpos", "site_xmat", "subtree_com",
-    "cdof", "cinert", "crb", "ten_length", "actuator_length", "ten_velocity",
-    "actuator_velocity", "cvel", "cdof_dot", "qfrc_bias", "qfrc_spring", "qfrc_damper",
-    "qfrc_gravcomp", "qfrc_passive", "actuator_force", "qfrc_actuator", "qfrc_smooth",
-    "qacc_smooth", "qfrc_constraint", "sensordata", "cacc", "cfrc_int", "cfrc_ext",
-)
+# Data fields diffmj stores differently from mjData (dense, or in its fixed slots and rows):
+# put_data converts them, get_data leaves them for mj_forward to recompute
+_OWN_LAYOUT = {"qM", "qLD", "ten_J", "actuator_moment", "contact"}
+_OWN_LAYOUT |= {f for f in COMPUTED_FIELDS if f.startswith("efc_")}
+# the others: put_data and get_data copy them as they are
+_MJDATA_FIELDS = tuple(f for f in STATE_FIELDS + INPUT_FIELDS + COMPUTED_FIELDS if f not in _OWN_LAYOUT)
 
 
 def get_data_into(mjd: mujoco.MjData, mjm: mujoco.MjModel, d: Data) -> None:
     """Copy an unbatched Data into ``mjd`` (MJX's ``get_data_into``).
 
     State, inputs and every computed field with MuJoCo's own layout are
-    copied; MuJoCo's sparse fields (M, qLD, ten_J, actuator_moment) are left
-    for ``mujoco.mj_forward`` to recompute.
+    copied; MuJoCo's sparse fields (M, qLD, ten_J, actuator_moment), contacts
+    and constraint rows are left for ``mujoco.mj_forward`` to recompute.
     """
     if d.batch_dims:
         raise ValueError(f"get_data takes one unbatched Data, got batch_size {tuple(d.batch_size)}")
     if mjd.qpos.shape[0] != d.qpos.shape[-1] or mjd.qvel.shape[0] != d.qvel.shape[-1]:
         raise ValueError("mujoco.MjData does not match the Data's sizes (nq, nv)")
-    for name in _GET_FIELDS:
+    for name in _MJDATA_FIELDS:
         value = getattr(d, name).detach().to("cpu", torch.float64).numpy()
         if name == "time":
             mjd.time = float(value)

@@ -25,9 +25,6 @@ from torch import Tensor
 from diffmj.names import KINDS
 from diffmj.types import JointType, Model
 
-_JOINT_NQ = {JointType.FREE: 7, JointType.BALL: 4, JointType.SLIDE: 1, JointType.HINGE: 1}
-_JOINT_NV = {JointType.FREE: 6, JointType.BALL: 3, JointType.SLIDE: 1, JointType.HINGE: 1}
-
 
 def _tensor_fields(node) -> list[str]:
     return [f.name for f in dataclasses.fields(node) if isinstance(getattr(node, f.name), Tensor)]
@@ -52,12 +49,12 @@ def _rows(m: Model, name: str, obj: str | int) -> int | slice:
     if name in ("qpos0", "qpos_spring"):
         joint = m.names.id_of("jnt", obj)
         start = m.jnt_qposadr[joint]
-        return slice(start, start + _JOINT_NQ[JointType(m.jnt_type[joint])])
+        return slice(start, start + JointType(m.jnt_type[joint]).nq)
     kind = name.split("_")[0]
     if kind == "dof":
         joint = m.names.id_of("jnt", obj)
         start = m.jnt_dofadr[joint]
-        return slice(start, start + _JOINT_NV[JointType(m.jnt_type[joint])])
+        return slice(start, start + JointType(m.jnt_type[joint]).nv)
     if kind not in KINDS:
         raise ValueError(f"{name!r} has no rows per named object; call it without an object name")
     return m.names.id_of(kind, obj)

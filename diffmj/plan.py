@@ -7,19 +7,26 @@ masks for choices that are cheaper to blend than to split.
 
 from __future__ import annotations
 
-import enum
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
-from diffmj.tree import BALL, FREE
-
-TRN_JOINT, TRN_JOINTINPARENT, TRN_TENDON, TRN_SITE = 0, 1, 3, 4
-DYN_NONE, DYN_INTEGRATOR, DYN_FILTER, DYN_FILTEREXACT = 0, 1, 2, 3
-GAIN_AFFINE = 1
-BIAS_AFFINE = 1
+from diffmj.enums import (
+    BiasType,
+    ConeType,
+    ConstraintType,
+    DisableBit,
+    DynType,
+    EqType,
+    GainType,
+    GeomType,
+    JointType,
+    ObjType,
+    SensorType,
+    Stage,
+    TrnType,
+)
 
 
 def _long(values, device) -> Tensor:
@@ -103,13 +110,13 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
     jtype = mjm.jnt_type
 
     def joint_acts(types):
-        return [i for i in range(nu) if trn[i] in (TRN_JOINT, TRN_JOINTINPARENT) and jtype[trnid[i]] in types]
+        return [i for i in range(nu) if trn[i] in (TrnType.JOINT, TrnType.JOINTINPARENT) and jtype[trnid[i]] in types]
 
-    scalar = joint_acts((2, 3))
-    ball = joint_acts((BALL,))
-    free = joint_acts((FREE,))
-    tendon = [i for i in range(nu) if trn[i] == TRN_TENDON]
-    site = [i for i in range(nu) if trn[i] == TRN_SITE]
+    scalar = joint_acts((JointType.SLIDE, JointType.HINGE))
+    ball = joint_acts((JointType.BALL,))
+    free = joint_acts((JointType.FREE,))
+    tendon = [i for i in range(nu) if trn[i] == TrnType.TENDON]
+    site = [i for i in range(nu) if trn[i] == TrnType.SITE]
     concat = scalar + ball + free + tendon + site
     order = np.argsort(np.asarray(concat, dtype=int)) if nu else np.zeros(0, int)
 
@@ -127,12 +134,11 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
     limited_tendon_acts = [i for i in tendon if mjm.tendon_actfrclimited[trnid[i]]]
     limited_jnts = [j for j in range(mjm.njnt) if mjm.jnt_actfrclimited[j]]
     limited_jnt_acts = [i for i in scalar + ball + free if mjm.jnt_actfrclimited[trnid[i]]]
-    dofnum = {0: 6, 1: 3, 2: 1, 3: 1}
     gravcomp_dofs = [
         mjm.jnt_dofadr[j] + k
         for j in range(mjm.njnt)
         if mjm.jnt_actgravcomp[j]
-        for k in range(dofnum[jtype[j]])
+        for k in range(JointType(jtype[j]).nv)
     ]
 
     def f(x):
@@ -146,11 +152,11 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
         ball_act=_long(ball, device),
         ball_qposadr=_long(mjm.jnt_qposadr[trnid[ball]], device),
         ball_dofadr=_long(mjm.jnt_dofadr[trnid[ball]], device),
-        ball_inparent=f(trn[ball] == TRN_JOINTINPARENT),
+        ball_inparent=f(trn[ball] == TrnType.JOINTINPARENT),
         free_act=_long(free, device),
         free_qposadr=_long(mjm.jnt_qposadr[trnid[free]] + 3, device),
         free_dofadr=_long(mjm.jnt_dofadr[trnid[free]], device),
-        free_inparent=f(trn[free] == TRN_JOINTINPARENT),
+        free_inparent=f(trn[free] == TrnType.JOINTINPARENT),
         tendon_act=_long(tendon, device),
         tendon_id=_long(trnid[tendon], device),
         site_act=_long(site, device),
@@ -158,16 +164,16 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
         site_body=_long(mjm.site_bodyid[trnid[site]], device),
         act_index=_long(act_index, device),
         has_act=f(has_act),
-        gain_affine=f(mjm.actuator_gaintype == GAIN_AFFINE),
-        bias_affine=f(mjm.actuator_biastype == BIAS_AFFINE),
+        gain_affine=f(mjm.actuator_gaintype == GainType.AFFINE),
+        bias_affine=f(mjm.actuator_biastype == BiasType.AFFINE),
         ctrllimited=torch.as_tensor(mjm.actuator_ctrllimited.astype(bool), device=device),
         forcelimited=torch.as_tensor(mjm.actuator_forcelimited.astype(bool), device=device),
         actearly=torch.as_tensor(mjm.actuator_actearly.astype(bool), device=device),
         enabled=f(np.logical_not(disabled)),
         act_actuator=_long(act_actuator, device),
-        act_integrator=f(dyn == DYN_INTEGRATOR),
-        act_filter=f((dyn == DYN_FILTER) | (dyn == DYN_FILTEREXACT)),
-        act_filterexact=f(dyn == DYN_FILTEREXACT),
+        act_integrator=f(dyn == DynType.INTEGRATOR),
+        act_filter=f((dyn == DynType.FILTER) | (dyn == DynType.FILTEREXACT)),
+        act_filterexact=f(dyn == DynType.FILTEREXACT),
         act_limited=torch.as_tensor(mjm.actuator_actlimited[act_actuator].astype(bool), device=device),
         tendon_frclimited_act=_long(limited_tendon_acts, device),
         tendon_frclimited_id=_long(trnid[limited_tendon_acts], device),
@@ -183,10 +189,20 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
 
 # ---------------------------------------------------------------- constraint rows
 
-EQ_CONNECT, EQ_WELD, EQ_JOINT, EQ_TENDON = 0, 1, 2, 3
-(CNSTR_EQUALITY, CNSTR_FRICTION_DOF, CNSTR_FRICTION_TENDON, CNSTR_LIMIT_JOINT, CNSTR_LIMIT_TENDON,
- CNSTR_CONTACT_FRICTIONLESS, CNSTR_CONTACT_PYRAMIDAL, CNSTR_CONTACT_ELLIPTIC) = range(8)
-STATE_SATISFIED, STATE_QUADRATIC, STATE_LINEARNEG, STATE_LINEARPOS, STATE_CONE = range(5)
+# MuJoCo's efc row order up to the contacts, which follow grouped by condim: (block, efc_type, rows per
+# element). ConstraintPlan holds each block's element ids under its name; constraint.py builds the rows
+# block by block in this order.
+ROW_BLOCKS = (
+    ("connect_eq", ConstraintType.EQUALITY, 3),
+    ("weld_eq", ConstraintType.EQUALITY, 6),
+    ("joint_eq", ConstraintType.EQUALITY, 1),
+    ("tendon_eq", ConstraintType.EQUALITY, 1),
+    ("friction_dof", ConstraintType.FRICTION_DOF, 1),
+    ("friction_tendon", ConstraintType.FRICTION_TENDON, 1),
+    ("limit_scalar_jnt", ConstraintType.LIMIT_JOINT, 2),  # lower, upper
+    ("limit_ball_jnt", ConstraintType.LIMIT_JOINT, 1),
+    ("limit_tendon", ConstraintType.LIMIT_TENDON, 2),  # lower, upper
+)
 
 
 @pytree_dataclass
@@ -203,10 +219,9 @@ class ContactRows(PyTreeNode):
 class ConstraintPlan(PyTreeNode):
     """Fixed layout of the constraint rows (efc_*), in blocks of one kind each.
 
-    Row order: connect, weld, joint and tendon equalities, dof and tendon
-    frictionloss, hinge / slide, ball and tendon limits, then contacts grouped
-    by condim. Within a block, rows follow element order. Each row exists every
-    step; ``d.efc_active`` marks the rows MuJoCo would instantiate.
+    Row order: the blocks of ``ROW_BLOCKS``, then contacts grouped by condim.
+    Within a block, rows follow element order. Each row exists every step;
+    ``d.efc_active`` marks the rows MuJoCo would instantiate.
     """
 
     connect_eq: Tensor  # [k] equality ids
@@ -234,24 +249,28 @@ class ConstraintPlan(PyTreeNode):
 
 def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> ConstraintPlan:
     """Row layout for the model's equalities, frictionloss, limits and contact slots."""
-    from mujoco import mjtDisableBit as dsbl
-
     flags = mjm.opt.disableflags
-    if flags & dsbl.mjDSBL_CONSTRAINT:
+    if flags & DisableBit.CONSTRAINT:
         contact_dim = ()
-    eq_on = not flags & (dsbl.mjDSBL_CONSTRAINT | dsbl.mjDSBL_EQUALITY)
-    fri_on = not flags & (dsbl.mjDSBL_CONSTRAINT | dsbl.mjDSBL_FRICTIONLOSS)
-    lim_on = not flags & (dsbl.mjDSBL_CONSTRAINT | dsbl.mjDSBL_LIMIT)
-    elliptic = bool(mjm.opt.cone == 1)
+    eq_on = not flags & (DisableBit.CONSTRAINT | DisableBit.EQUALITY)
+    fri_on = not flags & (DisableBit.CONSTRAINT | DisableBit.FRICTIONLOSS)
+    lim_on = not flags & (DisableBit.CONSTRAINT | DisableBit.LIMIT)
+    elliptic = bool(mjm.opt.cone == ConeType.ELLIPTIC)
 
     eq_types = mjm.eq_type if eq_on else np.zeros(0, int)
-    eqs = {t: [i for i in range(len(eq_types)) if eq_types[i] == t] for t in range(4)}
-    friction_dof = [i for i in range(mjm.nv) if fri_on and mjm.dof_frictionloss[i] > 0]
-    friction_tendon = [i for i in range(mjm.ntendon) if fri_on and mjm.tendon_frictionloss[i] > 0]
+    eqs = {t: [i for i in range(len(eq_types)) if eq_types[i] == t] for t in EqType}
     limited = [j for j in range(mjm.njnt) if lim_on and mjm.jnt_limited[j]]
-    limit_scalar = [j for j in limited if mjm.jnt_type[j] in (2, 3)]
-    limit_ball = [j for j in limited if mjm.jnt_type[j] == BALL]
-    limit_tendon = [t for t in range(mjm.ntendon) if lim_on and mjm.tendon_limited[t]]
+    elements = {  # ids of the elements of each row block
+        "connect_eq": eqs[EqType.CONNECT],
+        "weld_eq": eqs[EqType.WELD],
+        "joint_eq": eqs[EqType.JOINT],
+        "tendon_eq": eqs[EqType.TENDON],
+        "friction_dof": [i for i in range(mjm.nv) if fri_on and mjm.dof_frictionloss[i] > 0],
+        "friction_tendon": [i for i in range(mjm.ntendon) if fri_on and mjm.tendon_frictionloss[i] > 0],
+        "limit_scalar_jnt": [j for j in limited if mjm.jnt_type[j] in (JointType.SLIDE, JointType.HINGE)],
+        "limit_ball_jnt": [j for j in limited if mjm.jnt_type[j] == JointType.BALL],
+        "limit_tendon": [t for t in range(mjm.ntendon) if lim_on and mjm.tendon_limited[t]],
+    }
 
     efc_type: list[int] = []
     efc_id: list[int] = []
@@ -261,28 +280,21 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
             efc_type.extend([kind] * per)
             efc_id.extend([i] * per)
 
-    rows(CNSTR_EQUALITY, eqs[EQ_CONNECT], 3)
-    rows(CNSTR_EQUALITY, eqs[EQ_WELD], 6)
-    rows(CNSTR_EQUALITY, eqs[EQ_JOINT], 1)
-    rows(CNSTR_EQUALITY, eqs[EQ_TENDON], 1)
-    ne = len(efc_type)
-    rows(CNSTR_FRICTION_DOF, friction_dof, 1)
-    rows(CNSTR_FRICTION_TENDON, friction_tendon, 1)
-    nf = len(efc_type) - ne
-    rows(CNSTR_LIMIT_JOINT, limit_scalar, 2)
-    rows(CNSTR_LIMIT_JOINT, limit_ball, 1)
-    rows(CNSTR_LIMIT_TENDON, limit_tendon, 2)
-    nl = len(efc_type) - ne - nf
+    for name, kind, per in ROW_BLOCKS:
+        rows(kind, elements[name], per)
+    ne = efc_type.count(ConstraintType.EQUALITY)
+    nf = efc_type.count(ConstraintType.FRICTION_DOF) + efc_type.count(ConstraintType.FRICTION_TENDON)
+    nl = efc_type.count(ConstraintType.LIMIT_JOINT) + efc_type.count(ConstraintType.LIMIT_TENDON)
 
     contacts = []
     for dim in sorted(set(contact_dim)):
         slots = [c for c, cd in enumerate(contact_dim) if cd == dim]
         if dim == 1:
-            kind, per = CNSTR_CONTACT_FRICTIONLESS, 1
+            kind, per = ConstraintType.CONTACT_FRICTIONLESS, 1
         elif elliptic:
-            kind, per = CNSTR_CONTACT_ELLIPTIC, dim
+            kind, per = ConstraintType.CONTACT_ELLIPTIC, dim
         else:
-            kind, per = CNSTR_CONTACT_PYRAMIDAL, 2 * (dim - 1)
+            kind, per = ConstraintType.CONTACT_PYRAMIDAL, 2 * (dim - 1)
         first = len(efc_type)
         rows(kind, slots, per)
         contacts.append(
@@ -294,7 +306,7 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
             )
         )
     obj2 = np.asarray(mjm.eq_obj2id, dtype=np.int64).reshape(-1)
-    frictional = [t in (CNSTR_FRICTION_DOF, CNSTR_FRICTION_TENDON) for t in efc_type]
+    frictional = [t in (ConstraintType.FRICTION_DOF, ConstraintType.FRICTION_TENDON) for t in efc_type]
     for group in contacts:
         if elliptic and group.dim > 1:
             for first in group.row.tolist():
@@ -305,15 +317,7 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
         eq_obj2=_long(np.maximum(obj2, 0), device),
         eq_has_obj2=_floats(obj2 >= 0, dtype, device),
         frictional_rows=torch.as_tensor(frictional, dtype=torch.bool, device=device),
-        connect_eq=_long(eqs[EQ_CONNECT], device),
-        weld_eq=_long(eqs[EQ_WELD], device),
-        joint_eq=_long(eqs[EQ_JOINT], device),
-        tendon_eq=_long(eqs[EQ_TENDON], device),
-        friction_dof=_long(friction_dof, device),
-        friction_tendon=_long(friction_tendon, device),
-        limit_scalar_jnt=_long(limit_scalar, device),
-        limit_ball_jnt=_long(limit_ball, device),
-        limit_tendon=_long(limit_tendon, device),
+        **{name: _long(ids, device) for name, ids in elements.items()},
         contacts=tuple(contacts),
         efc_type=tuple(efc_type),
         efc_id=tuple(efc_id),
@@ -328,60 +332,6 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
 # ---------------------------------------------------------------- sensors
 
 
-class SensorType(enum.IntEnum):
-    """mjtSensor."""
-
-    TOUCH = 0
-    ACCELEROMETER = 1
-    VELOCIMETER = 2
-    GYRO = 3
-    FORCE = 4
-    TORQUE = 5
-    MAGNETOMETER = 6
-    RANGEFINDER = 7
-    CAMPROJECTION = 8
-    JOINTPOS = 9
-    JOINTVEL = 10
-    TENDONPOS = 11
-    TENDONVEL = 12
-    ACTUATORPOS = 13
-    ACTUATORVEL = 14
-    ACTUATORFRC = 15
-    JOINTACTFRC = 16
-    TENDONACTFRC = 17
-    BALLQUAT = 18
-    BALLANGVEL = 19
-    JOINTLIMITPOS = 20
-    JOINTLIMITVEL = 21
-    JOINTLIMITFRC = 22
-    TENDONLIMITPOS = 23
-    TENDONLIMITVEL = 24
-    TENDONLIMITFRC = 25
-    FRAMEPOS = 26
-    FRAMEQUAT = 27
-    FRAMEXAXIS = 28
-    FRAMEYAXIS = 29
-    FRAMEZAXIS = 30
-    FRAMELINVEL = 31
-    FRAMEANGVEL = 32
-    FRAMELINACC = 33
-    FRAMEANGACC = 34
-    SUBTREECOM = 35
-    SUBTREELINVEL = 36
-    SUBTREEANGMOM = 37
-    INSIDESITE = 38
-    GEOMDIST = 39
-    GEOMNORMAL = 40
-    GEOMFROMTO = 41
-    CONTACT = 42
-    E_POTENTIAL = 43
-    E_KINETIC = 44
-    CLOCK = 45
-    TACTILE = 46
-    PLUGIN = 47
-    USER = 48
-
-
 _S = SensorType
 SUPPORTED_SENSORS = frozenset(_S) - {
     _S.CAMPROJECTION, _S.INSIDESITE, _S.GEOMDIST, _S.GEOMNORMAL, _S.GEOMFROMTO, _S.CONTACT,
@@ -389,16 +339,15 @@ SUPPORTED_SENSORS = frozenset(_S) - {
 }
 RNE_POST_SENSORS = frozenset({_S.ACCELEROMETER, _S.FORCE, _S.TORQUE, _S.FRAMELINACC, _S.FRAMEANGACC})
 SUBTREE_VEL_SENSORS = frozenset({_S.SUBTREELINVEL, _S.SUBTREEANGMOM})
-LIMIT_SENSORS = {
-    _S.JOINTLIMITPOS: CNSTR_LIMIT_JOINT, _S.JOINTLIMITVEL: CNSTR_LIMIT_JOINT, _S.JOINTLIMITFRC: CNSTR_LIMIT_JOINT,
-    _S.TENDONLIMITPOS: CNSTR_LIMIT_TENDON, _S.TENDONLIMITVEL: CNSTR_LIMIT_TENDON, _S.TENDONLIMITFRC: CNSTR_LIMIT_TENDON,
+LIMIT_SENSORS = {  # sensor type -> the efc_type of the rows it reads
+    **dict.fromkeys((_S.JOINTLIMITPOS, _S.JOINTLIMITVEL, _S.JOINTLIMITFRC), ConstraintType.LIMIT_JOINT),
+    **dict.fromkeys((_S.TENDONLIMITPOS, _S.TENDONLIMITVEL, _S.TENDONLIMITFRC), ConstraintType.LIMIT_TENDON),
 }
 # sensors whose reference frame (sensor_refid) changes their output
 REF_FRAME_SENSORS = frozenset({_S.FRAMEPOS, _S.FRAMEQUAT, _S.FRAMEXAXIS, _S.FRAMEYAXIS, _S.FRAMEZAXIS,
                                _S.FRAMELINVEL, _S.FRAMEANGVEL})
-OBJ_NONE, OBJ_BODY, OBJ_XBODY, OBJ_GEOM, OBJ_SITE, OBJ_CAMERA = 0, 1, 2, 5, 6, 7
-STAGE_POS, STAGE_VEL, STAGE_ACC = 1, 2, 3
-RAY_PRIMITIVES = (0, 2, 3, 4, 5, 6)  # plane, sphere, capsule, ellipsoid, cylinder, box
+RAY_PRIMITIVES = (GeomType.PLANE, GeomType.SPHERE, GeomType.CAPSULE, GeomType.ELLIPSOID, GeomType.CYLINDER,
+                  GeomType.BOX)
 
 
 @pytree_dataclass
@@ -407,7 +356,7 @@ class RayGeoms(PyTreeNode):
 
     geom: Tensor  # [g]
     exclude: Tensor  # [k, g] bool: the geom is on the body of the sensor's site (bodyexclude)
-    geom_type: int = static_field()
+    geom_type: GeomType = static_field()
 
 
 @pytree_dataclass
@@ -427,7 +376,7 @@ class SensorGroup(PyTreeNode):
     ray: tuple[RayGeoms, ...]  # rangefinder: geoms by type
     type: int = static_field()
     objtype: int = static_field()
-    reftype: int = static_field()  # OBJ_NONE without a reference frame
+    reftype: int = static_field()  # ObjType.UNKNOWN without a reference frame
     dim: int = static_field()
     datatype: int = static_field()  # mjtDataType: how cutoff applies
     dataspec: int = static_field()  # rangefinder: bits of mjtRayDataField
@@ -464,19 +413,19 @@ def build_sensor_plan(mjm, constraint_plan: ConstraintPlan, contact_geom: np.nda
         has_ref = typ in REF_FRAME_SENSORS and mjm.sensor_refid[i] >= 0
         key = (
             int(mjm.sensor_needstage[i]), typ, int(mjm.sensor_objtype[i]),
-            int(mjm.sensor_reftype[i]) if has_ref else OBJ_NONE,
+            int(mjm.sensor_reftype[i]) if has_ref else ObjType.UNKNOWN,
             int(mjm.sensor_intprm[i, 0]) if typ == _S.RANGEFINDER else 0,
         )
         keys.setdefault(key, []).append(i)
-    stages = {STAGE_POS: [], STAGE_VEL: [], STAGE_ACC: []}
+    stages = {Stage.POS: [], Stage.VEL: [], Stage.ACC: []}
     for (stage, typ, objtype, reftype, dataspec), ids in keys.items():
         stages[stage].append(_sensor_group(mjm, ids, typ, objtype, reftype, dataspec, constraint_plan,
                                            contact_geom, dtype, device))
     types = set(int(t) for t in mjm.sensor_type)
     return SensorPlan(
-        pos=tuple(stages[STAGE_POS]),
-        vel=tuple(stages[STAGE_VEL]),
-        acc=tuple(stages[STAGE_ACC]),
+        pos=tuple(stages[Stage.POS]),
+        vel=tuple(stages[Stage.VEL]),
+        acc=tuple(stages[Stage.ACC]),
         rne_post=bool(types & RNE_POST_SENSORS),
         subtree_vel=bool(types & SUBTREE_VEL_SENSORS),
     )

@@ -26,19 +26,10 @@ import torch
 from torch import Tensor
 
 from diffmj import math, workarounds
-from diffmj.plan import (
-    OBJ_BODY,
-    OBJ_GEOM,
-    OBJ_NONE,
-    OBJ_SITE,
-    OBJ_XBODY,
-    SensorGroup,
-)
-from diffmj.plan import SensorType as S
+from diffmj.plan import SensorGroup
 from diffmj.smooth import contact_force, rne_post_constraint, subtree_mass
-from diffmj.types import Data, DisableBit, GeomType, Model
-
-DATATYPE_REAL, DATATYPE_POSITIVE = 0, 1  # mjtDataType: cutoff applies to both sides / the upper side
+from diffmj.types import Data, DataType, DisableBit, GeomType, Model, ObjType
+from diffmj.types import SensorType as S
 
 
 # ---------------------------------------------------------------- stages
@@ -77,9 +68,9 @@ def _write(m: Model, d: Data, groups: tuple[SensorGroup, ...], values: list[Tens
     for g, value in zip(groups, values):
         cutoff = m.sensor_cutoff[g.sensor][:, None]
         on = cutoff > 0  # a cutoff of 0 means none
-        if g.datatype == DATATYPE_REAL:
+        if g.datatype == DataType.REAL:  # cutoff applies to both sides
             value = torch.where(on, torch.clamp(value, min=-cutoff, max=cutoff), value)
-        elif g.datatype == DATATYPE_POSITIVE:
+        elif g.datatype == DataType.POSITIVE:  # to the upper side
             value = torch.where(on, torch.minimum(value, cutoff), value)
         clamped.append(value.reshape(-1))
     adr = torch.cat([g.adr.reshape(-1) for g in groups])
@@ -107,7 +98,7 @@ def _pos_value(m: Model, d: Data, g: SensorGroup) -> Tensor:
         return _frame_vector(m, d, g)
     if t == S.FRAMEQUAT:
         quat = _object_quat(m, d, g.objtype, obj)
-        if g.reftype == OBJ_NONE:
+        if g.reftype == ObjType.UNKNOWN:
             return quat
         return math.quat_mul(math.quat_conj(_object_quat(m, d, g.reftype, g.ref)), quat)
     if t == S.SUBTREECOM:
@@ -121,7 +112,7 @@ def _vel_value(m: Model, d: Data, g: SensorGroup, subtree: tuple[Tensor, Tensor]
     """Outputs [k, dim] of one group of velocity sensors (mj_computeSensorVel)."""
     t, obj = g.type, g.obj
     if t in (S.VELOCIMETER, S.GYRO):
-        vel = object_velocity(m, d, OBJ_SITE, obj, local=True)
+        vel = object_velocity(m, d, ObjType.SITE, obj, local=True)
         return vel[:, 3:] if t == S.VELOCIMETER else vel[:, :3]
     if t == S.JOINTVEL:
         return d.qvel[m.tree.jnt_dofadr[obj]][:, None]
@@ -149,7 +140,7 @@ def _acc_value(m: Model, d: Data, g: SensorGroup) -> Tensor:
     if t == S.TOUCH:
         return _touch(m, d, g)
     if t == S.ACCELEROMETER:
-        return object_acceleration(m, d, OBJ_SITE, obj, local=True)[:, 3:]
+        return object_acceleration(m, d, ObjType.SITE, obj, local=True)[:, 3:]
     if t in (S.FORCE, S.TORQUE):
         # interaction force between the site's body and its parent, in the site frame
         body = m.tree.site_bodyid[obj]
@@ -185,29 +176,29 @@ def _limit_value(d: Data, g: SensorGroup, efc_value: Tensor) -> Tensor:
 
 def _object_body(m: Model, objtype: int, obj: Tensor) -> Tensor:
     """Body of each object [k]."""
-    if objtype == OBJ_GEOM:
+    if objtype == ObjType.GEOM:
         return m.tree.geom_bodyid[obj]
-    if objtype == OBJ_SITE:
+    if objtype == ObjType.SITE:
         return m.tree.site_bodyid[obj]
     return obj
 
 
 def _object_frame(m: Model, d: Data, objtype: int, obj: Tensor) -> tuple[Tensor, Tensor]:
     """Position [k, 3] and orientation [k, 3, 3] of objects (get_xpos_xmat); body = inertial frame."""
-    if objtype == OBJ_XBODY:
+    if objtype == ObjType.XBODY:
         return d.xpos[obj], d.xmat[obj]
-    if objtype == OBJ_BODY:
+    if objtype == ObjType.BODY:
         return d.xipos[obj], d.ximat[obj]
-    if objtype == OBJ_GEOM:
+    if objtype == ObjType.GEOM:
         return d.geom_xpos[obj], d.geom_xmat[obj]
     return d.site_xpos[obj], d.site_xmat[obj]
 
 
 def _object_quat(m: Model, d: Data, objtype: int, obj: Tensor) -> Tensor:
     """Global orientation quaternion [k, 4] of objects (get_xquat)."""
-    if objtype == OBJ_XBODY:
+    if objtype == ObjType.XBODY:
         return d.xquat[obj]
-    local = {OBJ_BODY: m.body_iquat, OBJ_GEOM: m.geom_quat, OBJ_SITE: m.site_quat}[objtype]
+    local = {ObjType.BODY: m.body_iquat, ObjType.GEOM: m.geom_quat, ObjType.SITE: m.site_quat}[objtype]
     return math.quat_mul(d.xquat[_object_body(m, objtype, obj)], local[obj])
 
 
@@ -251,7 +242,7 @@ def _frame_vector(m: Model, d: Data, g: SensorGroup) -> Tensor:
     """framepos / frame[xyz]axis [k, 3], in the world or in the reference frame."""
     pos, mat = _object_frame(m, d, g.objtype, g.obj)
     vec = pos if g.type == S.FRAMEPOS else mat[:, :, g.type - S.FRAMEXAXIS]
-    if g.reftype == OBJ_NONE:
+    if g.reftype == ObjType.UNKNOWN:
         return vec
     ref_pos, ref_mat = _object_frame(m, d, g.reftype, g.ref)
     if g.type == S.FRAMEPOS:
@@ -262,7 +253,7 @@ def _frame_vector(m: Model, d: Data, g: SensorGroup) -> Tensor:
 def _relative_velocity(m: Model, d: Data, g: SensorGroup) -> Tensor:
     """framelinvel / frameangvel: object velocity [k, 6], relative to a moving reference frame if any."""
     vel, pos, _ = _object_motion(m, d, g.objtype, g.obj, False, d.cvel)
-    if g.reftype == OBJ_NONE:
+    if g.reftype == ObjType.UNKNOWN:
         return vel
     ref_vel, ref_pos, ref_mat = _object_motion(m, d, g.reftype, g.ref, False, d.cvel)
     rel = vel - ref_vel
@@ -280,7 +271,7 @@ def subtree_vel(m: Model, d: Data) -> tuple[Tensor, Tensor]:
     """
     tree = m.tree
     bodies = torch.arange(m.nbody, device=m.device)
-    vel = object_velocity(m, d, OBJ_BODY, bodies, local=False)
+    vel = object_velocity(m, d, ObjType.BODY, bodies, local=False)
     momentum = m.body_mass[:, None] * vel[:, 3:]
     mass = subtree_mass(m)
     linvel = (tree.body_subtree @ momentum) / torch.clamp(mass, min=math.MINVAL)[:, None]

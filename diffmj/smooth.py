@@ -14,8 +14,7 @@ import torch
 from torch import Tensor
 
 from diffmj import math, workarounds
-from diffmj.tree import BALL, FREE, SLIDE
-from diffmj.types import Data, DisableBit, Model
+from diffmj.types import Data, DisableBit, JointType, Model
 
 
 def kinematics(m: Model, d: Data) -> Data:
@@ -39,17 +38,17 @@ def kinematics(m: Model, d: Data) -> Data:
         for group in level.groups:
             p, q = pos[group.slot], quat[group.slot]
             jnt_pos, jnt_axis = m.jnt_pos[group.jnt], m.jnt_axis[group.jnt]
-            if group.jnt_type == FREE:
+            if group.jnt_type == JointType.FREE:
                 p = math.gather_blocks(qpos, group.qposadr, 3)
                 q = math.quat_normalize(math.gather_blocks(qpos, group.qposadr + 3, 4))
                 anchor, axis = p, jnt_axis
             else:
                 axis = math.rot_vec_quat(jnt_axis, q)
                 anchor = math.rot_vec_quat(jnt_pos, q) + p
-                if group.jnt_type == SLIDE:
+                if group.jnt_type == JointType.SLIDE:
                     p = p + axis * (qpos[group.qposadr] - m.qpos0[group.qposadr])[:, None]
                 else:
-                    if group.jnt_type == BALL:
+                    if group.jnt_type == JointType.BALL:
                         qloc = math.quat_normalize(math.gather_blocks(qpos, group.qposadr, 4))
                     else:
                         angle = qpos[group.qposadr] - m.qpos0[group.qposadr]

@@ -25,8 +25,7 @@ import torch
 from torch import Tensor
 
 from diffmj import math
-from diffmj.plan import STATE_CONE, STATE_LINEARNEG, STATE_LINEARPOS, STATE_QUADRATIC, STATE_SATISFIED
-from diffmj.types import Data, DisableBit, Model, SolverType
+from diffmj.types import ConstraintState, Data, DisableBit, Model, SolverType
 from diffmj.workarounds import all_true
 
 
@@ -81,11 +80,13 @@ def constraint_update(p: Problem, jar: Tensor, with_hessian: bool = False) -> Up
     neg, pos = jar <= -rf, jar >= rf
     huber = torch.where(neg, -0.5 * rf * floss - floss * jar, torch.where(pos, -0.5 * rf * floss + floss * jar, quad_cost))
     fri_force = torch.where(neg, floss, torch.where(pos, -floss, force))
-    fri_state = torch.where(neg, STATE_LINEARNEG, torch.where(pos, STATE_LINEARPOS, STATE_QUADRATIC))
+    fri_state = torch.where(
+        neg, ConstraintState.LINEARNEG, torch.where(pos, ConstraintState.LINEARPOS, ConstraintState.QUADRATIC))
 
     # limits and contacts: one-sided
     violated = jar < 0
-    state = torch.where(p.equality, STATE_QUADRATIC, torch.where(p.friction, fri_state, torch.where(violated, STATE_QUADRATIC, STATE_SATISFIED)))
+    one_sided = torch.where(violated, ConstraintState.QUADRATIC, ConstraintState.SATISFIED)
+    state = torch.where(p.equality, ConstraintState.QUADRATIC, torch.where(p.friction, fri_state, one_sided))
     force = torch.where(p.equality, force, torch.where(p.friction, fri_force, torch.where(violated, force, 0.0)))
     cost = torch.where(p.equality, quad_cost, torch.where(p.friction, huber, torch.where(violated, quad_cost, 0.0)))
 
@@ -106,7 +107,8 @@ def constraint_update(p: Problem, jar: Tensor, with_hessian: bool = False) -> Up
         bottom_force = -D[rows] * jr
         group_force = torch.where(top[:, None], 0.0, torch.where(bottom[:, None], bottom_force, cone_force))
         group_cost = torch.where(top, 0.0, torch.where(bottom, (0.5 * D[rows] * jr * jr).sum(-1), 0.5 * Dm * NmT * NmT))
-        group_state = torch.where(top, STATE_SATISFIED, torch.where(bottom, STATE_QUADRATIC, STATE_CONE))
+        group_state = torch.where(
+            top, ConstraintState.SATISFIED, torch.where(bottom, ConstraintState.QUADRATIC, ConstraintState.CONE))
         cone_cost = cone_cost + torch.where(p.active[rows[:, 0]], group_cost, 0.0).sum(-1)
         flat = rows.reshape(-1)
         force = force.index_copy(0, flat, group_force.reshape(-1))
@@ -126,9 +128,10 @@ def constraint_update(p: Problem, jar: Tensor, with_hessian: bool = False) -> Up
 
     active = p.active
     force = torch.where(active, force, 0.0)
-    state = torch.where(active, state, STATE_SATISFIED)
+    state = torch.where(active, state, ConstraintState.SATISFIED)
     cost = torch.where(active, cost, 0.0).sum(-1)
-    quadratic = torch.where(state == STATE_QUADRATIC, D, 0.0)
+    # int(): under torch.compile (2.13) a tensor compared with an IntEnum member is a plain False
+    quadratic = torch.where(state == int(ConstraintState.QUADRATIC), D, 0.0)
     return Update(force, state, cost, quadratic, tuple(hessians), cone_cost)
 
 

@@ -9,37 +9,11 @@ when the model has some (``nuserdata > 0``), as diffmj's Data holds none.
 
 from __future__ import annotations
 
-import enum
-
 import torch
 from torch import Tensor
 
 from diffmj import math, workarounds
-from diffmj.types import Data, Model
-
-
-class State(enum.IntFlag):
-    """Components of the state vector and MuJoCo's composites (mjtState)."""
-
-    TIME = 1 << 0
-    QPOS = 1 << 1
-    QVEL = 1 << 2
-    ACT = 1 << 3
-    HISTORY = 1 << 4
-    WARMSTART = 1 << 5
-    CTRL = 1 << 6
-    QFRC_APPLIED = 1 << 7
-    XFRC_APPLIED = 1 << 8
-    EQ_ACTIVE = 1 << 9
-    MOCAP_POS = 1 << 10
-    MOCAP_QUAT = 1 << 11
-    USERDATA = 1 << 12
-    PLUGIN = 1 << 13
-    PLASTIC = 1 << 14
-    PHYSICS = QPOS | QVEL | ACT | HISTORY | PLASTIC
-    FULLPHYSICS = TIME | PHYSICS | PLUGIN
-    USER = CTRL | QFRC_APPLIED | XFRC_APPLIED | EQ_ACTIVE | MOCAP_POS | MOCAP_QUAT | USERDATA
-    INTEGRATION = FULLPHYSICS | USER | WARMSTART
+from diffmj.types import Data, Model, State
 
 
 # the Data field of each component diffmj holds, in MuJoCo's order; the others are always empty

@@ -18,15 +18,14 @@ import torch
 from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
-
-FREE, BALL, SLIDE, HINGE = 0, 1, 2, 3
+from diffmj.enums import JointType
 
 
 @pytree_dataclass
 class JointGroup(PyTreeNode):
     """Joints of one type occupying the same slot (k-th joint of their body) in one level."""
 
-    jnt_type: int = static_field()
+    jnt_type: JointType = static_field()
     slot: Tensor  # [n] position of each joint's body within its level
     jnt: Tensor  # [n] joint ids
     qposadr: Tensor  # [n]
@@ -113,7 +112,7 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         groups = []
         max_slot = max(int(mjm.body_jntnum[b]) for b in bodies)
         for k in range(max_slot):
-            for jtype in (FREE, BALL, SLIDE, HINGE):
+            for jtype in JointType:
                 members = [
                     (s, int(mjm.body_jntadr[b]) + k)
                     for s, b in enumerate(bodies)
@@ -185,17 +184,17 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         first = mjm.jnt_dofadr[j]
         k = i - first
         jtype = jnt_type[j]
-        if jtype == FREE and k < 3:
+        if jtype == JointType.FREE and k < 3:
             free_translation[i] = 1.0
             axis_world[i, k] = 1.0
             continue
-        if jtype in (FREE, BALL):
-            own_first = first + 3 if jtype == FREE else first
+        if jtype in (JointType.FREE, JointType.BALL):
+            own_first = first + 3 if jtype == JointType.FREE else first
             axis_from_body[i, i - own_first] = 1.0
             rotational[i] = 1.0
         else:
             axis_from_joint[i] = 1.0
-            rotational[i] = float(jtype == HINGE)
+            rotational[i] = float(jtype == JointType.HINGE)
             own_first = i
         dof_vel_ancestor[i] = dof_ancestor[own_first]
         dof_vel_ancestor[i, own_first] = 0.0
@@ -211,9 +210,9 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
     def floats(x):
         return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device).to(dtype)
 
-    scalar = joints_of((SLIDE, HINGE))
-    ball = joints_of((BALL,))
-    free = joints_of((FREE,))
+    scalar = joints_of((JointType.SLIDE, JointType.HINGE))
+    ball = joints_of((JointType.BALL,))
+    free = joints_of((JointType.FREE,))
     return TreePlan(
         levels=tuple(levels),
         body_order=_long(body_order, device),
@@ -260,7 +259,7 @@ def _standalone_free_bodies(mjm) -> tuple[int, ...]:
     """
     out = []
     for b in range(1, mjm.nbody):
-        if mjm.body_jntnum[b] != 1 or mjm.jnt_type[mjm.body_jntadr[b]] != FREE:
+        if mjm.body_jntnum[b] != 1 or mjm.jnt_type[mjm.body_jntadr[b]] != JointType.FREE:
             continue
         adr = int(mjm.jnt_dofadr[mjm.body_jntadr[b]])
         if mjm.tree_dofnum[mjm.dof_treeid[adr]] == 6:

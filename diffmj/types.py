@@ -13,6 +13,11 @@ Model splits in two:
 Data is a tensorclass with MuJoCo's field names; matrices MuJoCo stores
 flattened or sparse are dense here (``xmat`` [nbody, 3, 3], ``qM`` [nv, nv],
 ``ten_J`` [ntendon, nv], ``actuator_moment`` [nu, nv]).
+
+MuJoCo's enums (``JointType``, ``GeomType``, ``SensorType``, ...) are
+defined in ``diffmj.enums``, which imports nothing from diffmj so that the
+index plans this module holds can use them too; they are re-exported here
+and from ``diffmj``.
 """
 
 from __future__ import annotations
@@ -25,36 +30,31 @@ from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
 from diffmj.collision.plan import CollisionPlan
+from diffmj.enums import (  # noqa: F401  re-exported: this module is where users read the types
+    BiasType,
+    ConeType,
+    ConstraintState,
+    ConstraintType,
+    DataType,
+    DisableBit,
+    DynType,
+    EnableBit,
+    EqType,
+    GainType,
+    GeomType,
+    IntegratorType,
+    JointType,
+    ObjType,
+    SensorType,
+    SolverType,
+    Stage,
+    State,
+    TrnType,
+    WrapType,
+)
 from diffmj.names import Names
 from diffmj.plan import ActuatorPlan, ConstraintPlan, SensorPlan, TendonPlan
 from diffmj.tree import TreePlan
-
-
-class JointType(enum.IntEnum):
-    FREE = 0
-    BALL = 1
-    SLIDE = 2
-    HINGE = 3
-
-
-class GeomType(enum.IntEnum):
-    PLANE = 0
-    HFIELD = 1
-    SPHERE = 2
-    CAPSULE = 3
-    ELLIPSOID = 4
-    CYLINDER = 5
-    BOX = 6
-    MESH = 7
-    SDF = 8
-
-
-class IntegratorType(enum.IntEnum):
-    EULER = 0
-    RK4 = 1
-    IMPLICIT = 2
-    IMPLICITFAST = 3
-    DISCRETE = 4
 
 
 class BackwardMode(enum.Enum):
@@ -67,91 +67,6 @@ class BackwardMode(enum.Enum):
 
     IMPLICIT = "implicit"
     UNROLL = "unroll"
-
-
-class SolverType(enum.IntEnum):
-    PGS = 0
-    CG = 1
-    NEWTON = 2
-
-
-class ConeType(enum.IntEnum):
-    PYRAMIDAL = 0
-    ELLIPTIC = 1
-
-
-class TrnType(enum.IntEnum):
-    JOINT = 0
-    JOINTINPARENT = 1
-    SLIDERCRANK = 2
-    TENDON = 3
-    SITE = 4
-    BODY = 5
-    SO3 = 6
-
-
-class DynType(enum.IntEnum):
-    NONE = 0
-    INTEGRATOR = 1
-    FILTER = 2
-    FILTEREXACT = 3
-    MUSCLE = 4
-    DCMOTOR = 5
-    PID = 6
-    USER = 7
-
-
-class GainType(enum.IntEnum):
-    FIXED = 0
-    AFFINE = 1
-    MUSCLE = 2
-    DCMOTOR = 3
-    SO3 = 4
-    PID = 5
-    USER = 6
-
-
-class BiasType(enum.IntEnum):
-    NONE = 0
-    AFFINE = 1
-    MUSCLE = 2
-    DCMOTOR = 3
-    SO3 = 4
-    USER = 5
-
-
-class DisableBit(enum.IntFlag):
-    CONSTRAINT = 1 << 0
-    EQUALITY = 1 << 1
-    FRICTIONLOSS = 1 << 2
-    LIMIT = 1 << 3
-    CONTACT = 1 << 4
-    SPRING = 1 << 5
-    DAMPER = 1 << 6
-    GRAVITY = 1 << 7
-    CLAMPCTRL = 1 << 8
-    WARMSTART = 1 << 9
-    FILTERPARENT = 1 << 10
-    ACTUATION = 1 << 11
-    REFSAFE = 1 << 12
-    SENSOR = 1 << 13
-    MIDPHASE = 1 << 14
-    EULERDAMP = 1 << 15
-    AUTORESET = 1 << 16
-    NATIVECCD = 1 << 17
-    ISLAND = 1 << 18
-    MULTICCD = 1 << 19
-
-
-class EnableBit(enum.IntFlag):
-    OVERRIDE = 1 << 0
-    ENERGY = 1 << 1
-    FWDINV = 1 << 2
-    INVDISCRETE = 1 << 3
-    SLEEP = 1 << 4
-    DIAGEXACT = 1 << 5
-    IPC = 1 << 6
-    SPECULATIVE = 1 << 7
 
 
 @pytree_dataclass
@@ -554,3 +469,17 @@ class Data:
             return x.to(dtype) if dtype is not None and x.is_floating_point() else x
 
         return self.apply(move)
+
+# ---- the role of each Data field; make_data / put_data / get_data and checkpointed rollouts read these,
+# and a test checks that every field has exactly one
+STATE_FIELDS = ("time", "qpos", "qvel", "act", "qacc_warmstart")  # what a step advances
+INPUT_FIELDS = ("ctrl", "qfrc_applied", "xfrc_applied", "mocap_pos", "mocap_quat", "eq_active")  # held by a step
+COMPUTED_FIELDS = (  # recomputed from state and inputs by forward()
+    "qacc", "act_dot", "xpos", "xquat", "xmat", "xipos", "ximat", "xanchor", "xaxis", "geom_xpos", "geom_xmat",
+    "site_xpos", "site_xmat", "subtree_com", "cdof", "cinert", "crb", "ten_length", "ten_J", "actuator_length",
+    "actuator_moment", "qM", "qLD", "ten_velocity", "actuator_velocity", "cvel", "cdof_dot", "qfrc_bias",
+    "qfrc_spring", "qfrc_damper", "qfrc_gravcomp", "qfrc_passive", "actuator_force", "qfrc_actuator",
+    "qfrc_smooth", "qacc_smooth", "qfrc_constraint", "contact", "efc_active", "efc_J", "efc_pos", "efc_margin",
+    "efc_frictionloss", "efc_diagA", "efc_D", "efc_R", "efc_KBIP", "efc_vel", "efc_aref", "efc_force",
+    "efc_state", "sensordata", "cacc", "cfrc_int", "cfrc_ext",
+)

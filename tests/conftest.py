@@ -104,7 +104,10 @@ def smooth_model(request) -> mujoco.MjModel:
     return mj_model(request.param)
 
 
-CONTACT_TYPES = (5, 6, 7)  # mjCNSTR_CONTACT_FRICTIONLESS / PYRAMIDAL / ELLIPTIC
+CONTACT_TYPES = (
+    diffmj.ConstraintType.CONTACT_FRICTIONLESS, diffmj.ConstraintType.CONTACT_PYRAMIDAL,
+    diffmj.ConstraintType.CONTACT_ELLIPTIC,
+)
 
 
 def match_contacts(m: diffmj.Model, d: diffmj.Data, mjd: mujoco.MjData) -> dict[int, int]:

@@ -29,9 +29,11 @@ import pytest
 import torch
 
 import diffmj
-from diffmj.collision import convex, plan
+from diffmj.collision import convex
 from diffmj.collision.driver import collision
 from diffmj.collision.common import GeomPose, make_frame
+from diffmj.collision.pairs import COLLIDERS
+from diffmj.enums import GeomType
 from diffmj.math import quat_normalize, quat_to_mat
 from tests.conftest import TOL, as_numpy, assert_close, check_stage, match_efc, mj_efc_J, mj_model, settled_state
 from tests.test_collision_primitive import SPECIAL_QUATS, _extent, _quat_mul, _random_size
@@ -43,28 +45,24 @@ TIGHTER = dict(ccd_tolerance=0, ccd_iterations=20000)  # measures TIGHT's own er
 
 # pair name -> (geom type 1, geom type 2, pair function, contacts per pair)
 PAIRS = {
-    "sphere_ellipsoid": ("sphere", "ellipsoid", convex.sphere_ellipsoid, 1),
-    "capsule_ellipsoid": ("capsule", "ellipsoid", convex.capsule_ellipsoid, 1),
-    "ellipsoid_ellipsoid": ("ellipsoid", "ellipsoid", convex.ellipsoid_ellipsoid, 1),
-    "ellipsoid_cylinder": ("ellipsoid", "cylinder", convex.ellipsoid_cylinder, 1),
-    "ellipsoid_box": ("ellipsoid", "box", convex.ellipsoid_box, 1),
-    "capsule_cylinder": ("capsule", "cylinder", convex.capsule_cylinder, 2),
-    "cylinder_cylinder": ("cylinder", "cylinder", convex.cylinder_cylinder, 4),
-    "cylinder_box": ("cylinder", "box", convex.cylinder_box, 4),
+    f"{type1.name.lower()}_{type2.name.lower()}": (type1, type2, c.collide, c.max_contacts)
+    for (type1, type2), c in COLLIDERS.items()
+    if c.general_convex
 }
 
-def _model(type1: str, type2: str, multiccd: str = "enable", **option) -> mujoco.MjModel:
+
+def _model(type1: GeomType, type2: GeomType, multiccd: str = "enable", **option) -> mujoco.MjModel:
     opt = " ".join(f'{k}="{v}"' for k, v in option.items())
     xml = f"""<mujoco><option {opt}><flag gravity="disable" multiccd="{multiccd}"/></option><worldbody>
-      <body><freejoint/><geom type="{type1}" size="0.1 0.1 0.1"/></body>
-      <body><freejoint/><geom type="{type2}" size="0.1 0.1 0.1"/></body></worldbody></mujoco>"""
+      <body><freejoint/><geom type="{type1.name.lower()}" size="0.1 0.1 0.1"/></body>
+      <body><freejoint/><geom type="{type2.name.lower()}" size="0.1 0.1 0.1"/></body></worldbody></mujoco>"""
     m = mujoco.MjModel.from_xml_string(xml)
     m.geom_rbound[:] = 100  # sizes change per case: disable the bounding filters
     m.geom_aabb[:, 3:] = 100
     return m
 
 
-def _pose(rng, case: int, type1: str, type2: str, size1, size2):
+def _pose(rng, case: int, type1: GeomType, type2: GeomType, size1, size2):
     """qpos of the two free bodies for one case (cycling through the scenarios)."""
     scenario = case % 4
     special = SPECIAL_QUATS[rng.integers(len(SPECIAL_QUATS), size=2)]
@@ -161,7 +159,7 @@ def _quad_ties(name: str):
     sol = _ours(name)[1]
     nseg1 = convex._geom_terms(type1, g1).seg_len.shape[-1]
     tied = convex._multicontact((type1, type2), (g1, g2), sol, nseg1, margin, maxc)[5]
-    return tied, convex._convex((type1, type2), g1, g2, margin, convex._CAPACITY)
+    return tied, convex.collide((type1, type2), g1, g2, margin, convex._CAPACITY)
 
 
 def _one(terms: convex._Terms, k: int) -> convex._Terms:
@@ -217,16 +215,16 @@ SQRT_FACTOR = 4.0
 VALUE_ROUNDING = 1e-15
 
 
-def _outside(kind: str, pos, mat, size, point) -> float:
+def _outside(kind: GeomType, pos, mat, size, point) -> float:
     """An upper bound on the distance from ``point`` to the geom (0 inside)."""
     x, y, z = mat.T @ (point - pos)
-    if kind == "sphere":
+    if kind == GeomType.SPHERE:
         return max(np.linalg.norm((x, y, z)) - size[0], 0)
-    if kind == "capsule":
+    if kind == GeomType.CAPSULE:
         return max(np.linalg.norm((x, y, z - np.clip(z, -size[1], size[1]))) - size[0], 0)
-    if kind == "cylinder":
+    if kind == GeomType.CYLINDER:
         return np.hypot(max(np.hypot(x, y) - size[0], 0), max(abs(z) - size[1], 0))
-    if kind == "box":
+    if kind == GeomType.BOX:
         return np.linalg.norm(np.maximum(np.abs((x, y, z)) - size, 0))
     k = np.linalg.norm(np.array((x, y, z)) / size)  # ellipsoid: (x, y, z) / k is on its surface
     return max(np.linalg.norm((x, y, z)) * (1 - 1 / k), 0)
@@ -414,7 +412,7 @@ def test_model_contacts_and_solution(steps):
     mjd = settled_state(mjm, steps)
     m = diffmj.put_model(mjm)
     types = {tuple(sorted(mjm.geom_type[c.geom])) for c in mjd.contact[: mjd.ncon]}
-    assert len(types & set(plan.CONVEX_PAIRS)) >= 5
+    assert len(types & {key for key, c in COLLIDERS.items() if c.general_convex}) >= 5
     tol = {"contact.dist": TOL["ccd_dist"], "contact.pos": TOL["ccd_contact"], "contact.frame": TOL["ccd_contact"]}
     check_stage(collision, m, mjd, ("contact",), tol)
     out = diffmj.forward(m, diffmj.put_data(m, mjd))

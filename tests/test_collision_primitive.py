@@ -19,26 +19,18 @@ import numpy as np
 import pytest
 import torch
 
-from diffmj.collision import box, primitive
 from diffmj.collision.common import GeomPose, make_frame
+from diffmj.collision.pairs import COLLIDERS
+from diffmj.enums import GeomType
 from tests.conftest import assert_close
 
 NCASE = 200
 
 # pair name -> (geom type 1, geom type 2, pair function, contacts per pair)
 PAIRS = {
-    "plane_sphere": ("plane", "sphere", primitive.plane_sphere, 1),
-    "plane_capsule": ("plane", "capsule", primitive.plane_capsule, 2),
-    "plane_ellipsoid": ("plane", "ellipsoid", primitive.plane_ellipsoid, 1),
-    "plane_cylinder": ("plane", "cylinder", primitive.plane_cylinder, 4),
-    "plane_box": ("plane", "box", primitive.plane_box, 4),
-    "sphere_sphere": ("sphere", "sphere", primitive.sphere_sphere, 1),
-    "sphere_capsule": ("sphere", "capsule", primitive.sphere_capsule, 1),
-    "sphere_cylinder": ("sphere", "cylinder", primitive.sphere_cylinder, 1),
-    "sphere_box": ("sphere", "box", primitive.sphere_box, 1),
-    "capsule_capsule": ("capsule", "capsule", primitive.capsule_capsule, 2),
-    "capsule_box": ("capsule", "box", primitive.capsule_box, 2),
-    "box_box": ("box", "box", box.box_box, 8),
+    f"{type1.name.lower()}_{type2.name.lower()}": (type1, type2, c.collide, c.max_contacts)
+    for (type1, type2), c in COLLIDERS.items()
+    if not c.general_convex
 }
 
 # rotations that produce exactly aligned / perpendicular axes (quaternions w, x, y, z)
@@ -49,30 +41,31 @@ SPECIAL_QUATS = np.array([
 ])
 
 
-def _xml(type1: str, type2: str) -> str:
-    def geom(t: str) -> str:
-        return f'<geom type="{t}" size="0.1 0.1 0.1"/>'
+def _xml(type1: GeomType, type2: GeomType) -> str:
+    def geom(t: GeomType) -> str:
+        return f'<geom type="{t.name.lower()}" size="0.1 0.1 0.1"/>'
 
-    first = geom(type1) if type1 == "plane" else f"<body><freejoint/>{geom(type1)}</body>"
+    first = geom(type1) if type1 == GeomType.PLANE else f"<body><freejoint/>{geom(type1)}</body>"
     return f"""<mujoco><option><flag gravity="disable"/></option><worldbody>
       {first}<body><freejoint/>{geom(type2)}</body></worldbody></mujoco>"""
 
 
-def _random_size(rng, geom_type: str) -> np.ndarray:
+def _random_size(rng, geom_type: GeomType) -> np.ndarray:
     size = rng.uniform(0.05, 0.5, 3)
-    if geom_type == "sphere":
+    if geom_type == GeomType.SPHERE:
         size[1:] = 0
-    elif geom_type in ("capsule", "cylinder"):
+    elif geom_type in (GeomType.CAPSULE, GeomType.CYLINDER):
         size[2] = 0
-    elif geom_type == "plane":
+    elif geom_type == GeomType.PLANE:
         size = np.array([0.0, 0.0, 1.0])
     return size
 
 
-def _rbound(geom_type: str, size: np.ndarray) -> float:
+def _rbound(geom_type: GeomType, size: np.ndarray) -> float:
     return {
-        "plane": 0.0, "sphere": size[0], "capsule": size[0] + size[1], "ellipsoid": size.max(),
-        "cylinder": np.hypot(size[0], size[1]), "box": np.linalg.norm(size),
+        GeomType.PLANE: 0.0, GeomType.SPHERE: size[0], GeomType.CAPSULE: size[0] + size[1],
+        GeomType.ELLIPSOID: size.max(), GeomType.CYLINDER: np.hypot(size[0], size[1]),
+        GeomType.BOX: np.linalg.norm(size),
     }[geom_type]
 
 
@@ -87,16 +80,16 @@ def _quat_mul(a, b):
     return res
 
 
-def _extent(geom_type: str, size: np.ndarray) -> np.ndarray:
+def _extent(geom_type: GeomType, size: np.ndarray) -> np.ndarray:
     """Half-extent of a geom along its local axes."""
     r = size[0]
     return {
-        "sphere": np.full(3, r), "capsule": np.array([r, r, r + size[1]]), "ellipsoid": size,
-        "cylinder": np.array([r, r, size[1]]), "box": size,
+        GeomType.SPHERE: np.full(3, r), GeomType.CAPSULE: np.array([r, r, r + size[1]]),
+        GeomType.ELLIPSOID: size, GeomType.CYLINDER: np.array([r, r, size[1]]), GeomType.BOX: size,
     }[geom_type]
 
 
-def _pose(rng, case: int, type1: str, type2: str, size1, size2):
+def _pose(rng, case: int, type1: GeomType, type2: GeomType, size1, size2):
     """Positions and orientations of the two geoms for one case (cycling through scenarios)."""
     rb1, rb2 = _rbound(type1, size1), _rbound(type2, size2)
     scenario = case % 6
@@ -120,7 +113,7 @@ def _pose(rng, case: int, type1: str, type2: str, size1, size2):
     mat1 = np.zeros(9)
     mujoco.mju_quat2Mat(mat1, q1)
     mat1 = mat1.reshape(3, 3)
-    if type1 == "plane":
+    if type1 == GeomType.PLANE:
         normal = mat1[:, 2]
         height = rb2 * rng.uniform(-0.6, 1.3)
         tangential = direction - normal * direction.dot(normal)
@@ -158,7 +151,7 @@ def _mujoco_cases(name: str):
         gap = rng.uniform(0, 0.05, 2) * (rng.random(2) < 0.25)
         m.geom_margin[:], m.geom_gap[:] = margin, gap
         pos1, q1, pos2, q2 = _pose(rng, case, type1, type2, size1, size2)
-        if type1 == "plane":
+        if type1 == GeomType.PLANE:
             m.geom_pos[0], m.geom_quat[0] = pos1, q1
             d.qpos[:] = np.concatenate((pos2, q2))
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import mujoco
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from diffmj.forward import fwd_acceleration, fwd_constraint, fwd_position, fwd_v
 from tests.conftest import TOL, assert_close, check_stage, mj_model, random_state
 from tests.test_smooth import KINEMATICS
 
-INTEGRATORS = {"euler": 0, "rk4": 1, "implicit": 2, "implicitfast": 3}
+INTEGRATORS = {name: diffmj.IntegratorType[name.upper()] for name in ("euler", "rk4", "implicit", "implicitfast")}
 # what each stage writes in a model without contacts or constraint rows
 POSITION = KINEMATICS + ("subtree_com", "cinert", "cdof", "ten_length", "ten_J", "crb", "qM", "qLD",
                          "actuator_length", "actuator_moment")
@@ -25,7 +27,7 @@ STAGES = {
     "fwd_velocity": (fwd_velocity, VELOCITY),
     "actuation": (actuation, ACTUATION),
     "fwd_acceleration": (fwd_acceleration, ("qfrc_smooth", "qacc_smooth")),
-    "fwd_constraint": (fwd_constraint, ("qacc", "qfrc_constraint")),
+    "fwd_constraint": (functools.partial(fwd_constraint, mode=diffmj.BackwardMode.IMPLICIT), ("qacc", "qfrc_constraint")),
     "forward": (diffmj.forward, POSITION + VELOCITY + ACTUATION + ("qfrc_smooth", "qacc_smooth", "qacc",
                                                                    "qfrc_constraint")),
 }

@@ -32,7 +32,9 @@ def fuzz_states(mjm: mujoco.MjModel, n: int, seed: int) -> tuple[np.ndarray, np.
     qpos = base.qpos + rng.normal(0, 0.15, (n, mjm.nq)) * rng.uniform(0, 1, (n, 1))
     qvel = rng.normal(0, 1, (n, mjm.nv)) * rng.choice([0.0, 0.1, 1.0, 10.0], (n, 1))
     ctrl = rng.uniform(-1, 1, (n, mjm.nu))
-    quats = [(mjm.jnt_qposadr[j] + (3 if mjm.jnt_type[j] == 0 else 0)) for j in range(mjm.njnt) if mjm.jnt_type[j] in (0, 1)]
+    free, ball = diffmj.JointType.FREE, diffmj.JointType.BALL
+    quats = [(mjm.jnt_qposadr[j] + (3 if mjm.jnt_type[j] == free else 0)) for j in range(mjm.njnt)
+             if mjm.jnt_type[j] in (free, ball)]
     identity = rng.uniform(size=n) < 0.2
     for adr in quats:
         qpos[identity, adr : adr + 4] = (1, 0, 0, 0)
@@ -40,10 +42,10 @@ def fuzz_states(mjm: mujoco.MjModel, n: int, seed: int) -> tuple[np.ndarray, np.
         mujoco.mj_normalizeQuat(mjm, qpos[i])
     # free bodies resting exactly on z = 0 planes at their lowest geom's half height
     for j in range(mjm.njnt):
-        if mjm.jnt_type[j] == 0:
+        if mjm.jnt_type[j] == free:
             body = mjm.jnt_bodyid[j]
             geoms = range(mjm.body_geomadr[body], mjm.body_geomadr[body] + mjm.body_geomnum[body])
-            radius = min((mjm.geom_size[g, 0] for g in geoms if mjm.geom_type[g] == mujoco.mjtGeom.mjGEOM_SPHERE), default=None)
+            radius = min((mjm.geom_size[g, 0] for g in geoms if mjm.geom_type[g] == diffmj.GeomType.SPHERE), default=None)
             if radius is not None:
                 touching = rng.uniform(size=n) < 0.2
                 qpos[touching, mjm.jnt_qposadr[j] + 2] = radius

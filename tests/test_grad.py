@@ -286,7 +286,7 @@ def test_transition_jacobians_match_own_differences():
     A, B, _, _ = diffmj.grad.transition_jacobians(m, d)
     from diffmj.grad.transition import _transition
 
-    f, x0 = _transition(m, d)
+    f, x0 = _transition(m, d, None)
     eps = 1e-6
     Afd = _central_jacobian(lambda x: f(torch.as_tensor(x), d.ctrl)[0].numpy(), x0.numpy(), eps)
     Bfd = _central_jacobian(lambda u: f(x0, torch.as_tensor(u))[0].numpy(), d.ctrl.numpy(), eps)

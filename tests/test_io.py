@@ -152,3 +152,23 @@ def test_bad_inputs_raise_value_error():
         diffmj.put_data(m, mjd)
     with pytest.raises(ValueError, match="unbatched"):
         diffmj.get_data_into(mujoco.MjData(mj_model("actuators")), mj_model("actuators"), diffmj.make_data(m, 2))
+
+
+def test_every_data_field_has_one_role():
+    """State, input or computed: what put_data / get_data copy and checkpointed rollouts carry."""
+    roles = diffmj.types.STATE_FIELDS + diffmj.types.INPUT_FIELDS + diffmj.types.COMPUTED_FIELDS
+    assert len(roles) == len(set(roles)), "a Data field has two roles"
+    assert set(roles) == {f.name for f in dataclasses.fields(diffmj.Data)}, "a Data field has no role"
+
+
+def test_get_data_put_data_keep_state_and_inputs():
+    mjm = mj_model("constraints")
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, random_state(mjm, 0))
+    changed = {name: torch.rand_like(getattr(d, name), dtype=m.dtype).to(getattr(d, name).dtype)
+               for name in diffmj.types.STATE_FIELDS + diffmj.types.INPUT_FIELDS}
+    changed["eq_active"] = ~d.eq_active
+    d = d.replace(**changed)
+    back = diffmj.put_data(m, diffmj.get_data(mjm, d))
+    for name in changed:
+        torch.testing.assert_close(getattr(back, name), getattr(d, name), rtol=0, atol=0, msg=name)

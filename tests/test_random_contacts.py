@@ -39,7 +39,8 @@ import numpy as np
 import pytest
 
 import diffmj
-from tests.conftest import CONTACT_TYPES, TOL, assert_close, compare_contacts, compare_rows
+from diffmj import ConeType, ConstraintType, EqType, IntegratorType
+from tests.conftest import TOL, assert_close, compare_contacts, compare_rows
 from tests.mjcf_random import random_contact_mjcf
 from tests.test_constraint import MAKE, REFERENCE
 from tests.test_solver import assert_solution, converged
@@ -120,7 +121,8 @@ def _features(mjm: mujoco.MjModel, mjd: mujoco.MjData) -> set:
     """What a settled state exercises, in MuJoCo's own terms."""
     found = {("cone", int(mjm.opt.cone)), ("integrator", int(mjm.opt.integrator))}
     found |= {("efc type", int(t)) for t in mjd.efc_type}
-    found |= {("equality", int(mjm.eq_type[i])) for t, i in zip(mjd.efc_type, mjd.efc_id) if t == 0}
+    found |= {("equality", int(mjm.eq_type[i])) for t, i in zip(mjd.efc_type, mjd.efc_id)
+              if t == ConstraintType.EQUALITY}
     for k in range(mjd.ncon):
         con = mjd.contact[k]
         found.add(("condim", int(con.dim)))
@@ -142,9 +144,11 @@ def test_default_seeds_cover_the_features():
             found |= _features(mjm, mjd)
             with_contacts += mjd.ncon > 0
     assert with_contacts >= 0.7 * len(SEEDS) * len(SETTLE_STEPS)  # some trees hang from an equality
-    expected = {("cone", c) for c in (0, 1)} | {("integrator", i) for i in range(4)}
-    expected |= {("efc type", t) for t in range(5)} | {("efc type", t) for t in CONTACT_TYPES}
-    expected |= {("equality", e) for e in range(4)} | {("condim", n) for n in (1, 3, 4, 6)}
+    expected = {("cone", c) for c in ConeType}
+    expected |= {("integrator", i) for i in IntegratorType if i != IntegratorType.DISCRETE}
+    expected |= {("efc type", t) for t in ConstraintType}
+    expected |= {("equality", e) for e in (EqType.CONNECT, EqType.WELD, EqType.JOINT, EqType.TENDON)}
+    expected |= {("condim", n) for n in (1, 3, 4, 6)}
     expected |= {("body-body contact",), ("explicit pair contact",), ("contact margin",)}
     assert expected <= found, f"features no default seed exercises: {sorted(expected - found, key=str)}"
 

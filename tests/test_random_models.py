@@ -25,7 +25,8 @@ import pytest
 import torch
 
 import diffmj
-from diffmj.io import _GET_FIELDS
+from diffmj.io import _MJDATA_FIELDS
+from diffmj import BiasType, DynType, GainType, IntegratorType, JointType, TrnType
 from tests.conftest import TOL, assert_close
 from tests.mjcf_random import INTEGRATORS, random_mjcf
 
@@ -72,7 +73,9 @@ def _sparse_to_dense(values, rownnz, rowadr, colind, ncol: int) -> np.ndarray:
 def _mujoco_fields(mjm: mujoco.MjModel, mjd: mujoco.MjData, like: diffmj.Data) -> dict[str, np.ndarray]:
     """MuJoCo's forward quantities in diffmj's dense shapes."""
     out = {}
-    for name in _GET_FIELDS:
+    for name in _MJDATA_FIELDS:
+        if name == "eq_active":  # not a forward quantity (and bool)
+            continue
         out[name] = np.asarray(getattr(mjd, name), dtype=np.float64).reshape(getattr(like, name).shape)
     qm = np.zeros((mjm.nv, mjm.nv))
     if mjm.nv:
@@ -151,9 +154,12 @@ def test_generator_options(integrator):
     depth = np.zeros(mjm.nbody, dtype=int)
     for b in range(1, mjm.nbody):
         depth[b] = depth[mjm.body_parentid[b]] + 1
-    assert mjm.opt.integrator == INTEGRATORS.index(integrator)
+    assert mjm.opt.integrator == IntegratorType[integrator.upper()]
     assert mjm.nbody - 1 <= 3 and depth.max() <= 2
     assert mjm.ntendon == mjm.nu == mjm.opt.disableflags == 0
+
+
+JOINT_TRANSMISSIONS = (TrnType.JOINT, TrnType.JOINTINPARENT)
 
 
 def _features(mjm: mujoco.MjModel) -> set:
@@ -167,7 +173,7 @@ def _features(mjm: mujoco.MjModel) -> set:
     found.add(("depth", int(depth.max())))
     for i in range(mjm.nu):
         jnt = mjm.actuator_trnid[i, 0]
-        target = int(mjm.jnt_type[jnt]) if mjm.actuator_trntype[i] in (0, 1) else None
+        target = int(mjm.jnt_type[jnt]) if mjm.actuator_trntype[i] in JOINT_TRANSMISSIONS else None
         found |= {
             ("transmission", int(mjm.actuator_trntype[i]), target),
             ("dynamics", int(mjm.actuator_dyntype[i])),
@@ -184,7 +190,7 @@ def _features(mjm: mujoco.MjModel) -> set:
         "joint actuatorfrcrange": np.any(mjm.jnt_actfrclimited),
         "joint stiffness": np.any(mjm.jnt_stiffness > 0),
         "joint springref": np.any(mjm.qpos_spring != mjm.qpos0),
-        "joint ref": np.any(mjm.qpos0[mjm.jnt_qposadr[mjm.jnt_type >= 2]] != 0),
+        "joint ref": np.any(mjm.qpos0[mjm.jnt_qposadr[np.isin(mjm.jnt_type, (JointType.SLIDE, JointType.HINGE))]] != 0),
         "joint damping": np.any(mjm.dof_damping > 0),
         "joint armature": np.any(mjm.dof_armature > 0),
         "rotated inertial frame": np.any(np.abs(mjm.body_iquat[1:, 0]) < 1 - 1e-9),
@@ -203,13 +209,14 @@ def _features(mjm: mujoco.MjModel) -> set:
 def test_default_seeds_cover_every_supported_feature():
     """The default seeds exercise each feature put_model accepts (so the fast suite means something)."""
     found = set().union(*(_features(mujoco.MjModel.from_xml_string(random_mjcf(s))) for s in SEEDS))
-    expected = {("integrator", i) for i in range(4)}
-    expected |= {("joint", t) for t in range(4)} | {("joints per body", n) for n in (0, 1, 2, 3)}
+    expected = {("integrator", IntegratorType[name.upper()]) for name in INTEGRATORS}
+    expected |= {("joint", t) for t in JointType} | {("joints per body", n) for n in (0, 1, 2, 3)}
     expected |= {("depth", 5)}
-    expected |= {("transmission", trn, jnt) for trn in (0, 1) for jnt in range(4)}
-    expected |= {("transmission", 3, None), ("transmission", 4, None)}
-    expected |= {("dynamics", i) for i in range(4)}
-    expected |= {("gain", i) for i in (0, 1)} | {("bias", i) for i in (0, 1)}
+    expected |= {("transmission", trn, jnt) for trn in JOINT_TRANSMISSIONS for jnt in JointType}
+    expected |= {("transmission", TrnType.TENDON, None), ("transmission", TrnType.SITE, None)}
+    expected |= {("dynamics", i) for i in (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT)}
+    expected |= {("gain", i) for i in (GainType.FIXED, GainType.AFFINE)}
+    expected |= {("bias", i) for i in (BiasType.NONE, BiasType.AFFINE)}
     expected |= {("ctrllimited",), ("forcelimited",), ("actlimited",), ("actearly",)}
     expected |= {
         (name,) for name in (

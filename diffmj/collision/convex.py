@@ -54,6 +54,7 @@ import torch
 from torch import Tensor
 
 from diffmj.collision.common import Candidates, GeomPose, compact, make_candidates
+from diffmj.enums import GeomType
 from diffmj.math import MINVAL, cross, dot, mat_t_vec, normalize
 
 # ---------------------------------------------------------------- support functions
@@ -81,7 +82,7 @@ class _Terms(NamedTuple):
     ell_owner: tuple[int, ...]
 
 
-def _geom_terms(kind: str, geom: GeomPose) -> _Terms:
+def _geom_terms(kind: GeomType, geom: GeomPose) -> _Terms:
     """Support function terms of one geom of type ``kind`` (all owned by geom 1)."""
     pos, mat, size = geom.pos, geom.mat, geom.size
     batch = pos.shape[:-1]
@@ -90,15 +91,15 @@ def _geom_terms(kind: str, geom: GeomPose) -> _Terms:
     ball = size[..., 0] * 0
     seg_dir, seg_len, disk_axis, disk_radius = none3, none, none3, none
     ell_mat, ell_size = pos.new_zeros(*batch, 0, 3, 3), none3
-    if kind == "sphere":
+    if kind == GeomType.SPHERE:
         ball = size[..., 0]
-    elif kind == "capsule":
+    elif kind == GeomType.CAPSULE:
         ball, seg_dir, seg_len = size[..., 0], axis, size[..., 1:2]
-    elif kind == "cylinder":
+    elif kind == GeomType.CYLINDER:
         seg_dir, seg_len, disk_axis, disk_radius = axis, size[..., 1:2], axis, size[..., 0:1]
-    elif kind == "box":
+    elif kind == GeomType.BOX:
         seg_dir, seg_len = mat.transpose(-1, -2), size
-    elif kind == "ellipsoid":
+    elif kind == GeomType.ELLIPSOID:
         ell_mat, ell_size = mat[..., None, :, :], size[..., None, :]
     return _Terms(pos, ball, seg_dir, seg_len, disk_axis, disk_radius, ell_mat, ell_size,
                   (0,) * seg_dir.shape[-2], (0,) * disk_axis.shape[-2], (0,) * ell_mat.shape[-3])
@@ -604,7 +605,7 @@ def _box_corners(geom: GeomPose, index: Tensor) -> Tensor:
     return _local_to_world(geom, torch.where(bits == 1, size, -size))
 
 
-def _feature(kind: str, geom: GeomPose, direction: Tensor, seg_act: Tensor, witness: Tensor) -> _Feature:
+def _feature(kind: GeomType, geom: GeomPose, direction: Tensor, seg_act: Tensor, witness: Tensor) -> _Feature:
     """The ideal EPA feature of a geom supporting ``direction`` [n, 3] at the exact contact.
 
     ``seg_act`` [n, S] tells which of the geom's segment terms sit at their kink, ``witness``
@@ -615,9 +616,9 @@ def _feature(kind: str, geom: GeomPose, direction: Tensor, seg_act: Tensor, witn
     """
     n = geom.pos.shape[:-1]
     long = dict(dtype=torch.long, device=geom.pos.device)
-    if kind == "capsule":
+    if kind == GeomType.CAPSULE:
         return _Feature(torch.ones(n, **long), torch.full((*n, 3), -1, **long), witness)
-    if kind == "box":
+    if kind == GeomType.BOX:
         bit = torch.tensor([1, 2, 4], **long)
         corner = ((mat_t_vec(geom.mat, direction) > 0).long() * bit).sum(-1)
         held = (seg_act.long() * bit).sum(-1)
@@ -641,14 +642,14 @@ def _feature(kind: str, geom: GeomPose, direction: Tensor, seg_act: Tensor, witn
     return _Feature(1 + side.long(), index, rim)
 
 
-def _face_normals(kind: str, geom: GeomPose, feat: _Feature):
+def _face_normals(kind: GeomType, geom: GeomPose, feat: _Feature):
     """Candidate face normals of the feature (MuJoCo's boxNormals / cylinder cap normal).
 
     Returns normals [n, A, 3], face indices [n, A] and a validity mask [n, A], in
     MuJoCo's order: a box has a slot per axis (the faces of a corner, of an edge, or the
     face itself), a cylinder one slot (its cap, when the feature is on one cap), a capsule none.
     """
-    if kind == "box":
+    if kind == GeomType.BOX:
         axes = torch.arange(3, device=feat.index.device)
         bits = (feat.index[..., None] >> axes) & 1  # [n, corner, axis]
         counted = (axes < torch.where(feat.dim == 3, 3, 2)[..., None])[..., None]  # corners that count
@@ -656,13 +657,13 @@ def _face_normals(kind: str, geom: GeomPose, feat: _Feature):
         sign = torch.where((feat.dim == 1)[..., None], 2 * bits[..., 0, :] - 1, common)
         normals = sign[..., None].to(geom.mat.dtype) * geom.mat.transpose(-1, -2)
         return normals, 2 * axes + (sign < 0).long(), sign != 0
-    if kind == "cylinder":
+    if kind == GeomType.CYLINDER:
         sign = torch.where(feat.index[..., :1] == 0, 1.0, -1.0).to(geom.mat.dtype)
         return sign[..., None] * geom.mat[..., None, :, 2], feat.index[..., :1], (feat.dim == 1)[..., None]
     return geom.pos.new_zeros(*feat.dim.shape, 0, 3), feat.index[..., :0], feat.index[..., :0] > 0
 
 
-def _edges(kind: str, geom: GeomPose, feat: _Feature, witness: Tensor):
+def _edges(kind: GeomType, geom: GeomPose, feat: _Feature, witness: Tensor):
     """Candidate edges of the feature (MuJoCo's geomEdgeNormals): start [n, 3], ends [n, E, 3],
     unit directions [n, E, 3], validity [n, E].
 
@@ -670,13 +671,13 @@ def _edges(kind: str, geom: GeomPose, feat: _Feature, witness: Tensor):
     line from the feature's rim point across to the other cap; a box's the edge itself, or the
     three edges leaving the corner.
     """
-    if kind == "capsule":
+    if kind == GeomType.CAPSULE:
         axis, half = geom.mat[..., :, 2], geom.size[..., 1]
         along = dot(witness - geom.pos, axis)
         start = (-along - half)[..., None] * axis + witness
         end = (half - along)[..., None] * axis + witness
         return start, end[..., None, :], axis[..., None, :], feat.dim[..., None] > 0
-    if kind == "cylinder":
+    if kind == GeomType.CYLINDER:
         sign = torch.where(feat.index[..., 0] == 0, -1.0, 1.0).to(geom.mat.dtype)
         direction = sign[..., None] * geom.mat[..., :, 2]
         end = (geom.size[..., 1] + geom.size[..., 1])[..., None] * direction + feat.point
@@ -689,10 +690,10 @@ def _edges(kind: str, geom: GeomPose, feat: _Feature, witness: Tensor):
     return start, ends, _normalize3(ends - start[..., None, :]), valid & (feat.dim < 3)[..., None]
 
 
-def _face_polygon(kind: str, geom: GeomPose, index: Tensor) -> tuple[Tensor, Tensor]:
+def _face_polygon(kind: GeomType, geom: GeomPose, index: Tensor) -> tuple[Tensor, Tensor]:
     """Vertices [n, 16, 3] (padded) and vertex count [n] of face ``index`` [n] of a box or cylinder."""
     dtype = geom.pos.dtype
-    if kind == "box":
+    if kind == GeomType.BOX:
         signs = torch.tensor(_BOX_FACES, dtype=dtype, device=geom.pos.device)  # [6, 4, 3]
         faces = _local_to_world(geom, signs * geom.size[..., None, None, :])  # [n, 6, 4, 3]
         face = torch.take_along_dim(faces, index[..., None, None, None], -3)[..., 0, :, :]
@@ -858,7 +859,7 @@ def _first(mask: Tensor) -> tuple[Tensor, Tensor]:
     return flat.any(-1), flat.long().argmax(-1)
 
 
-def _multicontact(kinds: tuple[str, str], geoms: tuple[GeomPose, GeomPose], sol: _Solution, nseg1: int,
+def _multicontact(kinds: tuple[GeomType, GeomType], geoms: tuple[GeomPose, GeomPose], sol: _Solution, nseg1: int,
                   margin: Tensor, maxc: int):
     """MuJoCo 4's mjc_multicontact on the ideal features of the exact contact.
 
@@ -912,7 +913,7 @@ def _multicontact(kinds: tuple[str, str], geoms: tuple[GeomPose, GeomPose], sol:
     normal2 = at(n2, i2)
     fill = torch.zeros_like(x1[..., None, :]).expand(*x1.shape[:-1], _MAXVERT, 3)
     poly1, npoly1 = (_face_polygon(kinds[0], geom1, torch.take_along_dim(face1, i1[..., None], -1)[..., 0])
-                     if kinds[0] != "capsule" else (fill, torch.zeros_like(i1)))
+                     if kinds[0] != GeomType.CAPSULE else (fill, torch.zeros_like(i1)))
     poly2, npoly2 = _face_polygon(kinds[1], geom2, torch.take_along_dim(face2, i2[..., None], -1)[..., 0])
     seg1 = torch.stack((start1, at(ends1, e1_edge)), -2)
     seg2 = torch.stack((start2, at(ends2, e2_edge)), -2)
@@ -926,7 +927,7 @@ def _multicontact(kinds: tuple[str, str], geoms: tuple[GeomPose, GeomPose], sol:
     wit = torch.where(face_face[..., None], normal2, -normal)
     inflate = torch.where(edge2[..., None], normal1, -normal2)  # from geom 1 towards geom 2
 
-    m1 = 0.0 if kinds[0] == "capsule" else 0.5  # a capsule's edge already runs through x1
+    m1 = 0.0 if kinds[0] == GeomType.CAPSULE else 0.5  # a capsule's edge already runs through x1
     both = (m1 + 0.5) * margin
     count, on_face, on_poly, dist, tied = _clip_contacts(face, nface, poly, npoly, normal, wit, both, maxc,
                                                    ~face_face)
@@ -937,28 +938,30 @@ def _multicontact(kinds: tuple[str, str], geoms: tuple[GeomPose, GeomPose], sol:
     return use, dist, 0.5 * (p1 + p2), _normalize3(p1 - p2), count, tied & use
 
 
-# ---------------------------------------------------------------- pair functions
+# ---------------------------------------------------------------- pair function
 
 
-def _convex(kinds: tuple[str, str], geom1: GeomPose, geom2: GeomPose, margin: Tensor, maxc: int) -> Candidates:
-    """mjc_Convex for one type pair: the exact contact, replaced by multi-CCD contacts if maxc > 1.
+def collide(kinds: tuple[GeomType, GeomType], geom1: GeomPose, geom2: GeomPose, margin: Tensor,
+            max_contacts: int) -> Candidates:
+    """mjc_Convex for geoms of types ``kinds``: the exact contact, replaced by multi-CCD contacts
+    if max_contacts > 1. Fields [n, max_contacts, ...].
 
     Also takes a single pair (pos [3], margin [] as under ``torch.vmap`` over the pairs).
     """
     if margin.dim() == 0:
         one = lambda g: GeomPose(*(x[None] for x in g))  # noqa: E731
-        return Candidates(*(x[0] for x in _convex(kinds, one(geom1), one(geom2), margin[None], maxc)))
+        return Candidates(*(x[0] for x in collide(kinds, one(geom1), one(geom2), margin[None], max_contacts)))
     terms1, terms2 = _geom_terms(kinds[0], geom1), _geom_terms(kinds[1], geom2)
     sol = _penetration(terms1, terms2)
     touching = sol.dist < margin
     dist = sol.dist[..., None]
     pos = (0.5 * (sol.point1 + sol.point2))[..., None, :]
     normal = sol.normal[..., None, :]
-    slots = torch.arange(maxc, device=margin.device)
+    slots = torch.arange(max_contacts, device=margin.device)
     valid = touching[..., None] & (slots == 0)
-    if maxc > 1:
+    if max_contacts > 1:
         use, mdist, mpos, mnormal, count, _ = _multicontact(kinds, (geom1, geom2), sol, terms1.seg_len.shape[-1],
-                                                        margin, maxc)
+                                                        margin, max_contacts)
         listed = slots < count[..., None]
         use = use & (torch.where(listed, mdist, torch.inf).amin(-1) < margin)
         valid = torch.where(use[..., None], touching[..., None] & listed, valid)
@@ -966,43 +969,3 @@ def _convex(kinds: tuple[str, str], geom1: GeomPose, geom2: GeomPose, margin: Te
         pos = torch.where(use[..., None, None], mpos, pos.expand_as(mpos))
         normal = torch.where(use[..., None, None], mnormal, normal.expand_as(mnormal))
     return make_candidates(valid, dist, pos, normal)
-
-
-def sphere_ellipsoid(sphere: GeomPose, ellipsoid: GeomPose, margin: Tensor) -> Candidates:
-    """mjc_Convex for sphere-ellipsoid, k = 1."""
-    return _convex(("sphere", "ellipsoid"), sphere, ellipsoid, margin, 1)
-
-
-def capsule_ellipsoid(capsule: GeomPose, ellipsoid: GeomPose, margin: Tensor) -> Candidates:
-    """mjc_Convex for capsule-ellipsoid, k = 1."""
-    return _convex(("capsule", "ellipsoid"), capsule, ellipsoid, margin, 1)
-
-
-def ellipsoid_ellipsoid(ellipsoid1: GeomPose, ellipsoid2: GeomPose, margin: Tensor) -> Candidates:
-    """mjc_Convex for ellipsoid-ellipsoid, k = 1."""
-    return _convex(("ellipsoid", "ellipsoid"), ellipsoid1, ellipsoid2, margin, 1)
-
-
-def ellipsoid_cylinder(ellipsoid: GeomPose, cylinder: GeomPose, margin: Tensor) -> Candidates:
-    """mjc_Convex for ellipsoid-cylinder, k = 1."""
-    return _convex(("ellipsoid", "cylinder"), ellipsoid, cylinder, margin, 1)
-
-
-def ellipsoid_box(ellipsoid: GeomPose, box: GeomPose, margin: Tensor) -> Candidates:
-    """mjc_Convex for ellipsoid-box, k = 1."""
-    return _convex(("ellipsoid", "box"), ellipsoid, box, margin, 1)
-
-
-def capsule_cylinder(capsule: GeomPose, cylinder: GeomPose, margin: Tensor) -> Candidates:
-    """mjc_Convex for capsule-cylinder, k = 2 (the capsule's side line clipped by a cap)."""
-    return _convex(("capsule", "cylinder"), capsule, cylinder, margin, 2)
-
-
-def cylinder_cylinder(cylinder1: GeomPose, cylinder2: GeomPose, margin: Tensor) -> Candidates:
-    """mjc_Convex for cylinder-cylinder, k = 4 (cap on cap, side line on cap)."""
-    return _convex(("cylinder", "cylinder"), cylinder1, cylinder2, margin, 4)
-
-
-def cylinder_box(cylinder: GeomPose, box: GeomPose, margin: Tensor) -> Candidates:
-    """mjc_Convex for cylinder-box, k = 4 (cap on face, side line on face, box edge on cap)."""
-    return _convex(("cylinder", "box"), cylinder, box, margin, 4)

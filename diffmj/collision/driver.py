@@ -17,35 +17,11 @@ import torch
 from torch import Tensor
 
 from diffmj import math
-from diffmj.collision import box, convex, primitive
 from diffmj.collision.common import Candidates, GeomPose, make_frame
-from diffmj.collision.plan import BOX, CAPSULE, CYLINDER, ELLIPSOID, PLANE, SPHERE
+from diffmj.collision.pairs import COLLIDERS
 from diffmj.types import Contact, Data, EnableBit, Model
 
 MINMU = 1e-5  # mjMINMU: smallest friction coefficient MuJoCo allows
-
-PAIR_FUNCTIONS = {
-    (PLANE, SPHERE): primitive.plane_sphere,
-    (PLANE, CAPSULE): primitive.plane_capsule,
-    (PLANE, ELLIPSOID): primitive.plane_ellipsoid,
-    (PLANE, CYLINDER): primitive.plane_cylinder,
-    (PLANE, BOX): primitive.plane_box,
-    (SPHERE, SPHERE): primitive.sphere_sphere,
-    (SPHERE, CAPSULE): primitive.sphere_capsule,
-    (SPHERE, CYLINDER): primitive.sphere_cylinder,
-    (SPHERE, BOX): primitive.sphere_box,
-    (CAPSULE, CAPSULE): primitive.capsule_capsule,
-    (CAPSULE, BOX): primitive.capsule_box,
-    (BOX, BOX): box.box_box,
-    (SPHERE, ELLIPSOID): convex.sphere_ellipsoid,
-    (CAPSULE, ELLIPSOID): convex.capsule_ellipsoid,
-    (ELLIPSOID, ELLIPSOID): convex.ellipsoid_ellipsoid,
-    (CAPSULE, CYLINDER): convex.capsule_cylinder,
-    (ELLIPSOID, CYLINDER): convex.ellipsoid_cylinder,
-    (CYLINDER, CYLINDER): convex.cylinder_cylinder,
-    (ELLIPSOID, BOX): convex.ellipsoid_box,
-    (CYLINDER, BOX): convex.cylinder_box,
-}
 
 
 def _mix_geom_params(m: Model, g1: Tensor, g2: Tensor, priority1: Tensor):
@@ -119,7 +95,7 @@ def _narrow_phase(m: Model, d: Data, margin_gap: Tensor) -> Candidates:
         g1, g2 = plan.geom1[group.pair], plan.geom2[group.pair]
         pose1 = GeomPose(d.geom_xpos[g1], d.geom_xmat[g1], m.geom_size[g1])
         pose2 = GeomPose(d.geom_xpos[g2], d.geom_xmat[g2], m.geom_size[g2])
-        found = PAIR_FUNCTIONS[group.types](pose1, pose2, margin_gap[group.pair])
+        found = COLLIDERS[group.types].collide(pose1, pose2, margin_gap[group.pair])
         parts.append(Candidates(*(x.flatten(0, 1) for x in found)))
     return Candidates(*(torch.cat(fields) for fields in zip(*parts)))
 

@@ -16,45 +16,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffmj.collision.pairs import COLLIDERS
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
-
-PLANE, HFIELD, SPHERE, CAPSULE, ELLIPSOID, CYLINDER, BOX, MESH, SDF = range(9)
-GEOM_NAMES = ("plane", "hfield", "sphere", "capsule", "ellipsoid", "cylinder", "box", "mesh", "sdf")
-
-# type pair -> contacts per pair (MuJoCo's mj_maxContact for these primitives)
-MAX_CONTACTS = {
-    (PLANE, SPHERE): 1,
-    (PLANE, CAPSULE): 2,
-    (PLANE, ELLIPSOID): 1,
-    (PLANE, CYLINDER): 4,
-    (PLANE, BOX): 4,
-    (SPHERE, SPHERE): 1,
-    (SPHERE, CAPSULE): 1,
-    (SPHERE, CYLINDER): 1,
-    (SPHERE, BOX): 1,
-    (CAPSULE, CAPSULE): 2,
-    (CAPSULE, BOX): 2,  # MuJoCo 4 emits at most two (mj_maxContact reserves four)
-    (BOX, BOX): 8,
-    # general convex pairs (mjc_Convex); more than one only through multi-CCD (on by default)
-    (SPHERE, ELLIPSOID): 1,
-    (CAPSULE, ELLIPSOID): 1,
-    (ELLIPSOID, ELLIPSOID): 1,
-    (CAPSULE, CYLINDER): 2,
-    (ELLIPSOID, CYLINDER): 1,
-    (CYLINDER, CYLINDER): 4,
-    (ELLIPSOID, BOX): 1,
-    (CYLINDER, BOX): 4,
-}
-# the type pairs MuJoCo collides with its general convex collision (mjc_Convex)
-CONVEX_PAIRS = ((SPHERE, ELLIPSOID), (CAPSULE, ELLIPSOID), (ELLIPSOID, ELLIPSOID), (CAPSULE, CYLINDER),
-                (ELLIPSOID, CYLINDER), (CYLINDER, CYLINDER), (ELLIPSOID, BOX), (CYLINDER, BOX))
-
+from diffmj.enums import DisableBit, GeomType, ObjType
 
 @pytree_dataclass
 class PairGroup(PyTreeNode):
     """Candidate pairs sharing one narrow-phase function."""
 
-    types: tuple[int, int] = static_field()
+    types: tuple[GeomType, GeomType] = static_field()
     pair: Tensor  # [n] indices into the candidate pair list
 
 
@@ -85,7 +55,7 @@ def _bodies_may_collide(mjm: mujoco.MjModel, b1: int, b2: int) -> bool:
     weld2, parent2, dofs2 = _weld_info(mjm, b2)
     if weld1 == weld2 or (dofs1 == 0 and dofs2 == 0):
         return False
-    filterparent = not mjm.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_FILTERPARENT
+    filterparent = not mjm.opt.disableflags & DisableBit.FILTERPARENT
     if filterparent and weld1 and weld2 and (weld1 == parent2 or weld2 == parent1):
         return False
     signature = (min(b1, b2) << 16) + max(b1, b2)
@@ -99,8 +69,7 @@ def _bitmask_ok(mjm: mujoco.MjModel, g1: int, g2: int) -> bool:
 
 def candidate_pairs(mjm: mujoco.MjModel) -> list[tuple[int, int, int]]:
     """(geom1, geom2, pair id or -1) for every pair that may collide, geom1 of lower type."""
-    disabled = mujoco.mjtDisableBit
-    if mjm.opt.disableflags & (disabled.mjDSBL_CONTACT | disabled.mjDSBL_CONSTRAINT):
+    if mjm.opt.disableflags & (DisableBit.CONTACT | DisableBit.CONSTRAINT):
         return []
     explicit = {}
     for p in range(mjm.npair):
@@ -124,12 +93,18 @@ def candidate_pairs(mjm: mujoco.MjModel) -> list[tuple[int, int, int]]:
     return typed
 
 
-def _condim(mjm: mujoco.MjModel, g1: int, g2: int, p: int) -> int:
+def _priority1(mjm: mujoco.MjModel, g1: int, g2: int) -> float:
+    """1 where geom1's priority wins, 0 where geom2's, 0.5 if equal (mj_contactParam)."""
+    pr1, pr2 = mjm.geom_priority[g1], mjm.geom_priority[g2]
+    return 0.5 if pr1 == pr2 else float(pr1 > pr2)
+
+
+def _condim(mjm: mujoco.MjModel, g1: int, g2: int, p: int, priority1: float) -> int:
+    """condim of a candidate pair: the pair's own, the winner's, else the larger (mj_contactParam)."""
     if p >= 0:
         return int(mjm.pair_dim[p])
-    pr1, pr2 = mjm.geom_priority[g1], mjm.geom_priority[g2]
-    if pr1 != pr2:
-        return int(mjm.geom_condim[g1] if pr1 > pr2 else mjm.geom_condim[g2])
+    if priority1 != 0.5:
+        return int(mjm.geom_condim[g1] if priority1 == 1.0 else mjm.geom_condim[g2])
     return int(max(mjm.geom_condim[g1], mjm.geom_condim[g2]))
 
 
@@ -138,15 +113,16 @@ def _first_pair(mjm: mujoco.MjModel, types) -> str | None:
     for g1, g2, _ in candidate_pairs(mjm):
         key = (int(mjm.geom_type[g1]), int(mjm.geom_type[g2]))
         if key in types:
-            n1 = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g1) or f"#{g1}"
-            n2 = mujoco.mj_id2name(mjm, mujoco.mjtObj.mjOBJ_GEOM, g2) or f"#{g2}"
-            return f"geom pair '{n1}' ({GEOM_NAMES[key[0]]}) - '{n2}' ({GEOM_NAMES[key[1]]})"
+            n1 = mujoco.mj_id2name(mjm, ObjType.GEOM, g1) or f"#{g1}"
+            n2 = mujoco.mj_id2name(mjm, ObjType.GEOM, g2) or f"#{g2}"
+            type1, type2 = (GeomType(t).name.lower() for t in key)
+            return f"geom pair '{n1}' ({type1}) - '{n2}' ({type2})"
     return None
 
 
 def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
     """A description of the first candidate pair without a narrow-phase function, if any."""
-    missing = {(a, b) for a in range(len(GEOM_NAMES)) for b in range(a, len(GEOM_NAMES))} - set(MAX_CONTACTS)
+    missing = {(a, b) for a in GeomType for b in GeomType if a <= b} - set(COLLIDERS)
     pair = _first_pair(mjm, missing)
     return f"{pair}: collision" if pair else None
 
@@ -154,7 +130,8 @@ def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
 def convex_pair(mjm: mujoco.MjModel, multi: bool = False) -> str | None:
     """A description of the first candidate pair MuJoCo collides with mjc_Convex (with ``multi``:
     one that multi-CCD may give more than one contact), if any."""
-    return _first_pair(mjm, [key for key in CONVEX_PAIRS if MAX_CONTACTS[key] > 1 or not multi])
+    return _first_pair(mjm, [key for key, collider in COLLIDERS.items()
+                             if collider.general_convex and (collider.max_contacts > 1 or not multi)])
 
 
 def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.device) -> CollisionPlan:
@@ -166,18 +143,17 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
     g1 = [g for g, _, _ in pairs]
     g2 = [g for _, g, _ in pairs]
     pid = [p for _, _, p in pairs]
-    prio = mjm.geom_priority
-    priority1 = [0.5 if prio[a] == prio[b] else float(prio[a] > prio[b]) for a, b in zip(g1, g2)]
+    priority1 = [_priority1(mjm, a, b) for a, b in zip(g1, g2)]
 
     groups, contact_pair, contact_dim = [], [], []
-    for key in MAX_CONTACTS:
+    for key, collider in COLLIDERS.items():
         members = [i for i, (a, b, _) in enumerate(pairs) if (mjm.geom_type[a], mjm.geom_type[b]) == key]
         if not members:
             continue
         groups.append(PairGroup(types=key, pair=long(members)))
         for i in members:
-            contact_pair += [i] * MAX_CONTACTS[key]
-            contact_dim += [_condim(mjm, g1[i], g2[i], pid[i])] * MAX_CONTACTS[key]
+            contact_pair += [i] * collider.max_contacts
+            contact_dim += [_condim(mjm, g1[i], g2[i], pid[i], priority1[i])] * collider.max_contacts
     geoms = np.stack([np.asarray(g1, dtype=np.int64), np.asarray(g2, dtype=np.int64)], -1)
     contact_geom = geoms[np.asarray(contact_pair, dtype=np.int64)] if contact_pair else np.zeros((0, 2))
     return CollisionPlan(

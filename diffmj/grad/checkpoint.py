@@ -23,12 +23,11 @@ from torch import Tensor
 
 from diffmj.forward import step_unbatched
 from diffmj.io import make_data
-from diffmj.types import BackwardMode, Data, Model
+from diffmj.types import INPUT_FIELDS, STATE_FIELDS, BackwardMode, Data, Model
 from diffmj.workarounds import transform_active
 
-# Data fields a step reads: the state it advances and the inputs it holds constant.
-STATE_FIELDS = ("qpos", "qvel", "act", "qacc_warmstart", "time")
-INPUT_FIELDS = ("qfrc_applied", "xfrc_applied", "mocap_pos", "mocap_quat", "eq_active")
+# Data fields a step reads besides the state it advances: the inputs it holds constant (ctrl comes per step)
+HELD_INPUTS = tuple(f for f in INPUT_FIELDS if f != "ctrl")
 
 
 class Layout(NamedTuple):
@@ -54,7 +53,7 @@ def run_steps(m: Model, d: Data, ctrl: Tensor, mode: BackwardMode) -> tuple[Data
 def _initial(m: Model, inputs, state) -> Data:
     """A Data holding only what a step reads: the constant inputs and the state."""
     d = make_data(m)
-    return d.replace(**dict(zip(INPUT_FIELDS, inputs)), **dict(zip(STATE_FIELDS, state)))
+    return d.replace(**dict(zip(HELD_INPUTS, inputs)), **dict(zip(STATE_FIELDS, state)))
 
 
 class CheckpointedRollout(torch.autograd.Function):
@@ -197,9 +196,9 @@ def checkpointed_rollout(m: Model, d: Data, ctrl: Tensor, segment: int, mode: Ba
 def _checkpointed(m: Model, d: Data, ctrl: Tensor, segment: int, mode: BackwardMode) -> Data:
     horizon = ctrl.shape[0]
     m_leaves, model_spec = pytree.tree_flatten(m)
-    layout = Layout(model_spec=model_spec, n_model=len(m_leaves), n_input=len(INPUT_FIELDS),
+    layout = Layout(model_spec=model_spec, n_model=len(m_leaves), n_input=len(HELD_INPUTS),
                     segment=segment, horizon=horizon, mode=mode)
-    flat = (*m_leaves, *(getattr(d, n) for n in INPUT_FIELDS), *(getattr(d, n) for n in STATE_FIELDS), ctrl)
+    flat = (*m_leaves, *(getattr(d, n) for n in HELD_INPUTS), *(getattr(d, n) for n in STATE_FIELDS), ctrl)
     out = CheckpointedRollout.apply(layout, *flat)
     spec = pytree.tree_flatten(make_data(m, (horizon,)))[1]
     return pytree.tree_unflatten(list(out[: len(out) - _n_boundaries(layout)]), spec)
