@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import mj_model
+from tests.conftest import TOL, assert_close, mj_model
 
 
 def settled(mjm: mujoco.MjModel, steps: int) -> mujoco.MjData:
@@ -57,8 +57,8 @@ def test_slots_and_forces_match_mujoco(steps, cone):
         dist = d.contact.dist[held][order].numpy()
         force = diffmj.contact_force(m, d, held)[order].numpy()
         for k, (mj_dist, mj_force) in enumerate(expected):
-            np.testing.assert_allclose(dist[k], mj_dist, atol=1e-10)
-            np.testing.assert_allclose(force[k], mj_force, rtol=1e-6, atol=1e-6 * np.abs(mj_force).max())
+            assert_close("dist", dist[k], mj_dist, TOL["rows"])
+            assert_close("contact force", force[k], mj_force, TOL["solver"])
             checked += 1
         free = slots[~torch.isfinite(d.contact.dist[slots])]
         assert not diffmj.contact_force(m, d, free).any()
@@ -74,14 +74,14 @@ def test_body_slots_and_the_normal_force_on_the_floor():
     assert torch.equal(slots, diffmj.contact_slots(m, geom1="crate", geom2="floor"))
     normal = diffmj.contact_force(m, d, slots)[..., 0].sum(-1)
     expected = sum(force[0] for _, force in mj_contacts(mjm, mjd, {0, 3}))
-    np.testing.assert_allclose(normal.item(), expected, rtol=1e-6)
+    assert_close("normal force", normal, expected, TOL["solver"])
     # every slot of the floor, one side only
     floor = diffmj.contact_slots(m, geom1="floor")
     geoms = m.collision_plan.contact_geom[floor]
     assert (geoms == 0).any(-1).all() and len(floor) > len(slots)
     # batched Data: one row per state
     batch = torch.stack([d, d])
-    torch.testing.assert_close(diffmj.contact_force(m, batch, slots)[1], diffmj.contact_force(m, d, slots))
+    assert_close("batched", diffmj.contact_force(m, batch, slots)[1], diffmj.contact_force(m, d, slots), TOL["batch"])
 
 
 def test_normal_force_is_differentiable():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import MODELS, mj_model, random_state
+from tests.conftest import MODELS, TOL, assert_close, mj_model, random_state
 
 KINDS = {"body": "body", "jnt": "joint", "geom": "geom", "site": "site", "tendon": "tendon",
          "actuator": "actuator", "sensor": "sensor", "eq": "equality", "pair": "pair"}
@@ -93,7 +93,7 @@ def test_set_param_then_step_matches_mujoco(field, obj, value):
     assert not torch.equal(diffmj.get_param(changed, field, obj), diffmj.get_param(m, field, obj))
     np.testing.assert_array_equal(diffmj.get_param(changed, field, obj).numpy().ravel(), np.ravel(value))
     actual, expected = step_both(mjm, changed)
-    np.testing.assert_allclose(actual, expected, rtol=1e-10, atol=1e-10)
+    assert_close(f"step after set_param {field}", actual, expected, TOL["smooth"])
 
 
 def test_gradient_flows_through_set_param():
@@ -112,7 +112,7 @@ def test_gradient_flows_through_set_param():
     batched = torch.vmap(lambda v: diffmj.step(diffmj.set_param(m, "body_mass", v, "upper"), d).qvel)(masses)
     for k in range(3):
         one = diffmj.step(diffmj.set_param(m, "body_mass", masses[k], "upper"), d).qvel
-        torch.testing.assert_close(batched[k], one, rtol=1e-12, atol=1e-12)
+        assert_close("vmapped set_param", batched[k], one, TOL["batch"])
 
 
 def test_set_param_is_out_of_place_and_keeps_structure():

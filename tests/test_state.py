@@ -9,7 +9,7 @@ import torch
 
 import diffmj
 from diffmj import State
-from tests.conftest import MODELS, mj_model, random_state
+from tests.conftest import MODELS, TOL, assert_close, mj_model, random_state
 
 MODEL_NAMES = ("chain", "actuators", "constraints", "contacts", "sensors")
 SPECS = [State(1 << i) for i in range(15)] + [
@@ -118,14 +118,13 @@ def test_integrate_and_differentiate_pos_match_mujoco():
         back = np.empty(mjm.nv)
         mujoco.mj_differentiatePos(mjm, back, dt, q1, q2)
         qpos.append(q1), qvel.append(v), dts.append(dt), expected_qpos.append(q2), expected_qvel.append(back)
-        np.testing.assert_allclose(diffmj.integrate_pos(m, tensor(q1), tensor(v), dt).numpy(), q2, atol=1e-14)
-        np.testing.assert_allclose(diffmj.differentiate_pos(m, tensor(q1), tensor(q2), dt).numpy(), back,
-                                   atol=1e-12)
+        assert_close("integrate_pos", diffmj.integrate_pos(m, tensor(q1), tensor(v), dt), q2, TOL["batch"])
+        assert_close("differentiate_pos", diffmj.differentiate_pos(m, tensor(q1), tensor(q2), dt), back, TOL["batch"])
     q1, v, dt = tensor(qpos), tensor(qvel), tensor(dts)
     batched = diffmj.integrate_pos(m, q1.reshape(2, 2, -1), v.reshape(2, 2, -1), dt.reshape(2, 2))
-    np.testing.assert_allclose(batched.reshape(4, -1).numpy(), np.array(expected_qpos), atol=1e-14)
+    assert_close("batched integrate_pos", batched.reshape(4, -1), np.array(expected_qpos), TOL["batch"])
     batched = diffmj.differentiate_pos(m, q1, tensor(expected_qpos), dt)
-    np.testing.assert_allclose(batched.numpy(), np.array(expected_qvel), atol=1e-12)
+    assert_close("batched differentiate_pos", batched, np.array(expected_qvel), TOL["batch"])
     # one configuration against a batch of velocities, one dt for all
     broadcast = diffmj.integrate_pos(m, q1[0], v, 0.1)
     assert broadcast.shape == (4, m.nq)
@@ -153,4 +152,5 @@ def test_compiles_without_graph_breaks():
         return diffmj.get_state(m, d1.replace(qpos=qpos, qvel=back), State.PHYSICS)
 
     state = diffmj.get_state(m, d, State.PHYSICS)
-    torch.testing.assert_close(torch.compile(advance, fullgraph=True, backend="aot_eager")(state), advance(state), rtol=1e-12, atol=1e-12)
+    compiled = torch.compile(advance, fullgraph=True, backend="aot_eager")
+    assert_close("compiled", compiled(state), advance(state), TOL["batch"])
