@@ -26,7 +26,18 @@ TOL = {
     "smooth": 1e-11,  # kinematics, inertia, forces, one step (measured 3e-13: qacc of random models)
     "rollout": 1e-10,  # a few steps, where differences grow (measured 7e-12: sensors after two steps)
     "rows": 1e-11,  # contacts and constraint rows (measured 4e-13: efc_aref of random contact models)
-    "sensor": 1e-9,  # sensors, which read constraint forces (measured 1.4e-10: cfrc_int)
+    # rows that go through the impedance imp(dist) (efc_D, efc_R, efc_KBIP, efc_aref): its slope, up to
+    # ~(dmax - dmin) / width ~ 1e2, amplifies a contact distance that differs by ~1e-13 where MuJoCo's
+    # plane-cylinder formula divides by the sine of a small tilt (random contact seed 95, slow
+    # sweep): measured 5.2e-11 on efc_R there, 4e-13 elsewhere
+    "impedance": 1e-9,
+    "sensor": 1e-9,
+    # float32 against float64, or compiled float32 against eager: roundings of 6e-8 grown through one
+    # step (measured 1.9e-7: qacc of a compiled float32 step)
+    "float32": 1e-5,
+    # central differences with step 1e-6 against exact derivatives: truncation (eps^2 |f'''|) plus
+    # rounding (1e-16 / eps) by bound; measured 1.5e-7 through contacts, 1e-14 on smooth losses
+    "finite_difference": 1e-6,  # sensors, which read constraint forces (measured 1.4e-10: cfrc_int)
     # one computation batched, vmapped, compiled or checkpointed vs alone, and short computations
     # done in another order than MuJoCo's (integrate / differentiate positions: measured 5e-16)
     "batch": 1e-14,

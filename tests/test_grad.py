@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import ARM_ON_BOX, BENCHMARK_MODELS, assert_close, mj_model, settled_state
+from tests.conftest import ARM_ON_BOX, BENCHMARK_MODELS, TOL, assert_close, mj_model, settled_state
 from tests.test_solver import converged
 
 IMPLICIT, UNROLL = diffmj.BackwardMode.IMPLICIT, diffmj.BackwardMode.UNROLL
@@ -113,7 +113,7 @@ def test_implicit_matches_finite_differences():
         fd = (loss(d.qvel + eps * dirs[0], m.geom_friction + eps * dirs[1])
               - loss(d.qvel - eps * dirs[0], m.geom_friction - eps * dirs[1])) / (2 * eps)
         analytic = sum((g * v).sum() for g, v in zip(grads, dirs))
-        assert_close("directional derivative", analytic, fd, 1e-6)
+        assert_close("directional derivative", analytic, fd, TOL["finite_difference"])
 
 
 @pytest.fixture(scope="module")
@@ -140,16 +140,17 @@ def test_func_transforms_eager(arm_on_box):
     grad, _ = torch.func.grad(loss, has_aux=True)(d.ctrl)
     eps = 1e-6
     fd = (loss(d.ctrl + eps)[0] - loss(d.ctrl - eps)[0]) / (2 * eps)
-    assert_close("grad vs finite difference", grad, fd[None], 1e-6)
+    assert_close("grad vs finite difference", grad, fd[None], TOL["finite_difference"])
 
     def next_qvel(qvel):
         return diffmj.step(m, d.replace(qvel=qvel)).qvel
 
-    assert_close("jacrev vs jacfwd", torch.func.jacrev(next_qvel)(d.qvel), torch.func.jacfwd(next_qvel)(d.qvel), 1e-10)
+    assert_close("jacrev vs jacfwd", torch.func.jacrev(next_qvel)(d.qvel), torch.func.jacfwd(next_qvel)(d.qvel),
+                 TOL["batch"])
     ctrls = torch.linspace(-0.5, 0.5, 3, dtype=m.dtype)[:, None]
     batched, _ = torch.vmap(torch.func.grad(loss, has_aux=True))(ctrls)
     for i in range(3):
-        assert_close("vmap(grad)", batched[i], torch.func.grad(loss, has_aux=True)(ctrls[i])[0], 1e-12)
+        assert_close("vmap(grad)", batched[i], torch.func.grad(loss, has_aux=True)(ctrls[i])[0], TOL["batch"])
 
 
 def test_compiled_vmap_grad_on_contact_model(arm_on_box):
@@ -160,8 +161,8 @@ def test_compiled_vmap_grad_on_contact_model(arm_on_box):
     eager = torch.vmap(torch.func.grad(loss, has_aux=True))(ctrls)
     torch._dynamo.reset()
     compiled = torch.compile(torch.vmap(torch.func.grad(loss, has_aux=True)), fullgraph=True)(ctrls)
-    assert_close("grad", compiled[0], eager[0], 1e-10)
-    assert_close("next qpos", compiled[1], eager[1], 1e-10)
+    assert_close("grad", compiled[0], eager[0], TOL["batch"])
+    assert_close("next qpos", compiled[1], eager[1], TOL["batch"])
 
 
 @pytest.mark.parametrize(
@@ -185,7 +186,7 @@ def test_compiled_transforms(arm_on_box, transform, backend):
         "jacfwd": torch.func.jacfwd(next_qvel),
     }[transform]
     torch._dynamo.reset()
-    assert_close(transform, torch.compile(fn, fullgraph=True, backend=backend)(d.qvel), fn(d.qvel), 1e-10)
+    assert_close(transform, torch.compile(fn, fullgraph=True, backend=backend)(d.qvel), fn(d.qvel), TOL["batch"])
 
 
 def test_backward_memory_independent_of_iterations():
@@ -302,7 +303,7 @@ def test_transition_jacobians_batched():
     for i, d in enumerate(datas):
         for ours, single in zip(batched, diffmj.grad.transition_jacobians(m, d)):
             # C and D (sensor rows) are empty: the hopper has no sensors
-            assert_close("batched jacobian", ours[i], single, 1e-12, empty_ok=True)
+            assert_close("batched jacobian", ours[i], single, TOL["batch"], empty_ok=True)
 
 
 PARAMETERS = {  # (field, index) of one element each; all change this model's motion

@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 import diffmj
-from tests.conftest import MODELS, assert_close, mj_model, random_state
+from tests.conftest import MODELS, TOL, assert_close, mj_model, random_state
 
 
 def _batch(m: diffmj.Model, mjm: mujoco.MjModel, n: int) -> diffmj.Data:
@@ -27,7 +27,7 @@ def test_vmap_step_equals_each_element():
     for i in range(4):
         single = diffmj.step(m, batch[i])
         for name in ("qpos", "qvel", "act", "qacc", "xpos", "qM"):
-            assert_close(name, getattr(out[i], name), getattr(single, name), 1e-13)
+            assert_close(name, getattr(out[i], name), getattr(single, name), TOL["batch"])
 
 
 def test_vmap_over_model_parameters():
@@ -41,7 +41,7 @@ def test_vmap_over_model_parameters():
 
     out = torch.vmap(step_with_mass)(masses)
     for i in range(3):
-        assert_close("qvel", out[i], step_with_mass(masses[i]), 1e-13)
+        assert_close("qvel", out[i], step_with_mass(masses[i]), TOL["batch"])
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_compiled_step_equals_eager(compiled_step, dtype):
     d = diffmj.put_data(m, random_state(mjm, 1))
     eager = diffmj.step(m, d)
     compiled = compiled_step[dtype](m, d)
-    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    tol = TOL["batch"] if dtype == torch.float64 else TOL["float32"]
     for name in ("qpos", "qvel", "qacc", "xpos", "cvel", "qfrc_bias", "actuator_force"):
         assert_close(name, getattr(compiled, name), getattr(eager, name), tol)
     assert set(compiled.keys()) == set(eager.keys())
@@ -104,7 +104,7 @@ def test_compiled_vmap_step_has_no_graph_break():
     step = torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), backend=counter, fullgraph=True)
     out = step(m, batch)
     assert counter.frame_count == 1
-    assert_close("qvel", out.qvel, diffmj.step(m, batch).qvel, 1e-13)
+    assert_close("qvel", out.qvel, diffmj.step(m, batch).qvel, TOL["batch"])
 
 
 def test_gradcheck_step():
