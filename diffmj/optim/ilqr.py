@@ -172,13 +172,14 @@ def ilqr(
 ) -> ILQRResult:
     """Minimise ``cost`` over the controls from the state d by iLQR, starting from ctrl [T, nu].
 
-    d: one unbatched Data (the initial state, model dtype). Stops when the predicted decrease of a
-    full step is below ``tolerance * (1 + |cost|)``, after ``max_iterations`` forward passes, or when
+    d: one unbatched Data (the initial state, model dtype). Stops (converged) when the predicted
+    decrease of a full step or the decrease of an accepted one is below ``tolerance * (1 + |cost|)``
+    (the gains are then those of the final plan), otherwise after ``max_iterations`` forward passes, or when
     the regularisation exceeds ``regularization_max``.
 
     regularization*: mu starts at ``regularization`` and follows Tassa et al.'s Levenberg-Marquardt
-    schedule (factor delta grows by ``regularization_factor`` per failure, mu multiplied by it;
-    successes shrink both; mu below ``regularization_min`` drops to 0).
+    schedule (factor delta grows by ``regularization_factor`` when the full step is not accepted,
+    mu multiplied by it; accepted full steps shrink both; mu below ``regularization_min`` drops to 0).
     alphas: step sizes tried in order; accepted when the decrease is at least ``min_decrease``
     times the predicted one. fd_model: linearise with MuJoCo C's ``mjd_transitionFD`` (centred,
     ``fd_eps``) on this MjModel (the one m was made from) instead of diffmj's exact Jacobians.
@@ -206,7 +207,7 @@ def ilqr(
     states, plan, total = _forward_pass(m, cost, d, ctrl.detach(), None, None, lower, upper, backward_mode)
     history = [total.item()]
     mu, delta = regularization, 1.0
-    converged, derivatives, iterations = False, None, 0
+    converged, stalled, derivatives, iterations = False, False, None, 0
     while True:
         if derivatives is None:  # the nominal changed: linearise again
             if fd_model is None:
@@ -223,7 +224,7 @@ def ilqr(
                 break
             continue
         predicted = -(result.expected[0] + result.expected[1])
-        if predicted < tolerance * (1 + abs(history[-1])):
+        if stalled or predicted < tolerance * (1 + abs(history[-1])):
             converged = True
             break
         if iterations == max_iterations:
@@ -238,12 +239,13 @@ def ilqr(
                 states, plan, total, accepted = trial_states, trial_plan, trial, alpha
                 derivatives = None
                 break
-        if accepted:
+        if accepted == alphas[0]:
             delta = min(1 / regularization_factor, delta / regularization_factor)
             mu = mu * delta if mu * delta > regularization_min else 0.0
-        else:
+        else:  # a shortened or failed step: the quadratic model was too optimistic, trust it less
             delta = max(regularization_factor, delta * regularization_factor)
             mu = max(regularization_min, mu * delta)
+        stalled = accepted and history[-1] - total.item() < tolerance * (1 + abs(history[-1]))
         history.append(total.item())
         if callback is not None:
             callback(IterationInfo(iterations, history[-1], accepted, mu, time.perf_counter() - start))
