@@ -1,0 +1,265 @@
+"""iLQR on diffmj: exact transition Jacobians, Gauss-Newton costs, a tangent-space state.
+
+One iteration (Tassa, Erez and Todorov 2012; as in MJPC's and trajax's iLQR):
+
+1. linearise the dynamics along the nominal trajectory: A_t, B_t of every step from one
+   batched ``diffmj.grad.transition_jacobians`` call (or MuJoCo C's ``mjd_transitionFD``),
+   and the cost by ``cost_derivatives`` (Gauss-Newton);
+2. backward pass: a Riccati recursion for the feedback gains K_t and the steps k_t, with
+   Levenberg-Marquardt regularisation (Quu + mu I) raised until every Quu is positive definite;
+3. forward pass: backtracking over alphas, u_t = clip(u_t + alpha k_t + K_t dx_t) with dx_t the
+   tangent deviation from the nominal state (``differentiate_pos`` for positions); the first
+   alpha whose actual decrease is at least a small fraction of the predicted one is accepted.
+
+The state is the tangent vector of ``mjd_transitionFD``: dx = (dq, dqvel, dact), ns = 2 nv + na.
+
+Control limits (``actuator_ctrlrange`` of ctrl-limited actuators) are handled the way the
+box-QP of Tassa et al. 2014 ends: a control at its bound whose gradient points outward is
+held there (its rows of k and K are zero) and the others are solved for with it fixed; the
+forward pass clamps. A clamped control has zero derivative in MuJoCo's dynamics too (B_t's
+column is zero beyond the range), so the plan's value function is that of the clamped system.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, NamedTuple, Sequence
+
+import mujoco
+import numpy as np
+import torch
+from torch import Tensor
+
+from diffmj import BackwardMode, Data, Model, differentiate_pos, get_data_into, grad, step
+from diffmj.optim.cost import Cost, CostDerivatives, cost_derivatives, trajectory_cost
+
+
+class ILQRResult(NamedTuple):
+    """What ``ilqr`` returns.
+
+    ctrl [T, nu]: the plan. trajectory: Data [T], the Data after each step (as ``diffmj.rollout``).
+    gains [T, nu, ns]: feedback K_t at the returned plan, u = ctrl_t + K_t dx_t with dx_t the tangent
+    deviation of the state before step t from the plan's. cost: [] the plan's total cost.
+    cost_history [iterations + 1]: the total cost before the first and after each iteration.
+    iterations: forward passes run. converged: stopped by the tolerance (not by max_iterations or
+    by the regularisation growing past its maximum). regularization: the final mu. wall_time: seconds.
+    """
+
+    ctrl: Tensor
+    trajectory: Data
+    gains: Tensor
+    cost: Tensor
+    cost_history: Tensor
+    iterations: int
+    converged: bool
+    regularization: float
+    wall_time: float
+
+
+class IterationInfo(NamedTuple):
+    """Passed to ``ilqr``'s callback after each iteration (alpha is 0.0 when no step was accepted)."""
+
+    iteration: int
+    cost: float
+    alpha: float
+    regularization: float
+    wall_time: float
+
+
+class BackwardPass(NamedTuple):
+    """k [T, nu], K [T, nu, ns] and the predicted decrease's terms: cost(alpha) - cost ~ alpha
+    expected[0] + alpha^2 expected[1]. ok: False when some Quu + mu I was not positive definite."""
+
+    k: Tensor
+    K: Tensor
+    expected: tuple[float, float]
+    ok: bool
+
+
+def backward_pass(A: Tensor, B: Tensor, derivatives, regularization: float,
+                  ctrl: Tensor | None = None, lower: Tensor | None = None, upper: Tensor | None = None) -> BackwardPass:
+    """The Riccati recursion of iLQR on linearised dynamics dx' = A_t dx + B_t du.
+
+    A [T, ns, ns], B [T, ns, nu]; derivatives: a ``CostDerivatives`` with time [T+1] (unbatched);
+    regularization: mu >= 0 added to Quu. ctrl [T, nu] with lower / upper [nu] (-inf / inf where
+    unlimited): controls at a bound whose gradient points outward are held there (zero rows of k, K).
+    """
+    horizon, ns, nu = B.shape
+    eye = torch.eye(nu, dtype=B.dtype, device=B.device)
+    Vx, Vxx = derivatives.grad_x[horizon], derivatives.hess_xx[horizon]
+    k, K = B.new_zeros(horizon, nu), B.new_zeros(horizon, nu, ns)
+    linear, quadratic = B.new_zeros(()), B.new_zeros(())
+    for t in reversed(range(horizon)):
+        At, Bt = A[t], B[t]
+        Qx = derivatives.grad_x[t] + At.mT @ Vx
+        Qu = derivatives.grad_u[t] + Bt.mT @ Vx
+        Qxx = derivatives.hess_xx[t] + At.mT @ Vxx @ At
+        Quu = derivatives.hess_uu[t] + Bt.mT @ Vxx @ Bt
+        Qux = derivatives.hess_ux[t] + Bt.mT @ Vxx @ At
+        free = torch.ones(nu, dtype=torch.bool, device=B.device)
+        if ctrl is not None:
+            free = ~(((ctrl[t] <= lower) & (Qu > 0)) | ((ctrl[t] >= upper) & (Qu < 0)))
+        both = free[:, None] & free[None, :]
+        # held controls: identity rows and zero right-hand sides, so their k and K come out zero
+        system = torch.where(both, Quu + regularization * eye, eye)
+        factor, info = torch.linalg.cholesky_ex(system)
+        if info.item() != 0:
+            return BackwardPass(k, K, (0.0, 0.0), False)
+        rhs = torch.cat((Qu[:, None], Qux), 1) * free[:, None]
+        solution = -torch.cholesky_solve(rhs, factor)
+        k[t], K[t] = solution[:, 0], solution[:, 1:]
+        linear = linear + k[t] @ Qu
+        quadratic = quadratic + 0.5 * k[t] @ Quu @ k[t]
+        Vx = Qx + K[t].mT @ Quu @ k[t] + K[t].mT @ Qu + Qux.mT @ k[t]
+        Vxx = Qxx + K[t].mT @ Quu @ K[t] + K[t].mT @ Qux + Qux.mT @ K[t]
+        Vxx = 0.5 * (Vxx + Vxx.mT)
+    return BackwardPass(k, K, (linear.item(), quadratic.item()), True)
+
+
+def _tangent(m: Model, nominal: Data, d: Data) -> Tensor:
+    """The tangent deviation (dq, dqvel, dact) [..., ns] of d from nominal."""
+    return torch.cat((differentiate_pos(m, nominal.qpos, d.qpos), d.qvel - nominal.qvel, d.act - nominal.act), -1)
+
+
+@torch.no_grad()
+def _forward_pass(m: Model, cost: Cost, d0: Data, ctrl: Tensor, nominal: Data | None, K: Tensor | None,
+                  lower: Tensor, upper: Tensor, mode: BackwardMode | None) -> tuple[Data, Tensor, Tensor]:
+    """Roll out u_t = clip(ctrl_t + K_t dx_t) from d0: the states [T+1], the controls applied [T, nu]
+    and the total cost."""
+    states, applied, d = [d0], [], d0
+    for t in range(ctrl.shape[0]):
+        u = ctrl[t]
+        if K is not None:
+            u = u + K[t] @ _tangent(m, nominal[t], d)
+        u = torch.minimum(torch.maximum(u, lower), upper)
+        d = step(m, d.replace(ctrl=u), backward_mode=mode)
+        states.append(d)
+        applied.append(u)
+    states, applied = torch.stack(states), torch.stack(applied)
+    return states, applied, trajectory_cost(m, cost, states, applied).sum()
+
+
+def _jacobians_fd(mjm: mujoco.MjModel, states: Data, ctrl: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """A [T, ns, ns], B [T, ns, nu] from MuJoCo C's mjd_transitionFD (centred differences) at each step."""
+    mjd = mujoco.MjData(mjm)
+    ns = 2 * mjm.nv + mjm.na
+    A = np.zeros((ctrl.shape[0], ns, ns))
+    B = np.zeros((ctrl.shape[0], ns, mjm.nu))
+    for t in range(ctrl.shape[0]):
+        get_data_into(mjd, mjm, states[t].replace(ctrl=ctrl[t]))
+        mujoco.mjd_transitionFD(mjm, mjd, eps, True, A[t], B[t], None, None)
+    return (torch.as_tensor(A, device=ctrl.device).to(ctrl.dtype), torch.as_tensor(B, device=ctrl.device).to(ctrl.dtype))
+
+
+def ilqr(
+    m: Model,
+    d: Data,
+    ctrl: Tensor,
+    cost: Cost,
+    *,
+    max_iterations: int = 50,
+    tolerance: float = 1e-6,
+    regularization: float = 0.0,
+    regularization_min: float = 1e-6,
+    regularization_max: float = 1e10,
+    regularization_factor: float = 2.0,
+    alphas: Sequence[float] = tuple(0.5**i for i in range(10)),
+    min_decrease: float = 1e-4,
+    fd_model: mujoco.MjModel | None = None,
+    fd_eps: float = 1e-6,
+    backward_mode: BackwardMode | None = None,
+    callback: Callable[[IterationInfo], None] | None = None,
+) -> ILQRResult:
+    """Minimise ``cost`` over the controls from the state d by iLQR, starting from ctrl [T, nu].
+
+    d: one unbatched Data (the initial state, model dtype). Stops (converged) when the predicted
+    decrease of a full step or the decrease of an accepted one is below ``tolerance * (1 + |cost|)``
+    (the gains are then those of the final plan), otherwise after ``max_iterations`` forward passes, or when
+    the regularisation exceeds ``regularization_max``.
+
+    regularization*: mu starts at ``regularization`` and follows Tassa et al.'s Levenberg-Marquardt
+    schedule (factor delta grows by ``regularization_factor`` when the full step is not accepted,
+    mu multiplied by it; accepted full steps shrink both; mu below ``regularization_min`` drops to 0).
+    alphas: step sizes tried in order; accepted when the decrease is at least ``min_decrease``
+    times the predicted one. fd_model: linearise with MuJoCo C's ``mjd_transitionFD`` (centred,
+    ``fd_eps``) on this MjModel (the one m was made from) instead of diffmj's exact Jacobians.
+    backward_mode: how ``transition_jacobians`` differentiates the constraint solver.
+    """
+    start = time.perf_counter()
+    if not isinstance(d, Data) or d.batch_dims:
+        raise ValueError("d must be one unbatched diffmj.Data (the initial state)")
+    if not isinstance(ctrl, Tensor) or ctrl.dim() != 2 or ctrl.shape[1] != m.nu or ctrl.shape[0] < 1:
+        shape = tuple(ctrl.shape) if isinstance(ctrl, Tensor) else type(ctrl).__name__
+        raise ValueError(f"ctrl must be a tensor [T >= 1, nu={m.nu}], got {shape}")
+    if ctrl.dtype != m.dtype or d.qpos.dtype != m.dtype:
+        raise ValueError(f"ctrl is {ctrl.dtype} and d is {d.qpos.dtype}, the model is {m.dtype}")
+    if max_iterations < 0 or not alphas or regularization < 0 or regularization_factor <= 1:
+        raise ValueError("need max_iterations >= 0, some alphas, regularization >= 0 and regularization_factor > 1")
+    if fd_model is not None and (fd_model.nv, fd_model.nq, fd_model.na, fd_model.nu) != (m.nv, m.nq, m.na, m.nu):
+        raise ValueError("fd_model's sizes (nv, nq, na, nu) differ from the model's")
+
+    limited = torch.tensor(m.actuator_ctrllimited, dtype=torch.bool, device=m.device)
+    inf = torch.full((m.nu,), torch.inf, dtype=m.dtype, device=m.device)
+    lower = torch.where(limited, m.actuator_ctrlrange[:, 0], -inf).detach()
+    upper = torch.where(limited, m.actuator_ctrlrange[:, 1], inf).detach()
+
+    d = d.detach()
+    states, plan, total = _forward_pass(m, cost, d, ctrl.detach(), None, None, lower, upper, backward_mode)
+    history = [total.item()]
+    mu, delta = regularization, 1.0
+    converged, stalled, derivatives, iterations = False, False, None, 0
+    while True:
+        if derivatives is None:  # the nominal changed: linearise again
+            if fd_model is None:
+                A, B, _, _ = grad.transition_jacobians(m, states[:-1].replace(ctrl=plan), backward_mode=backward_mode)
+            else:
+                A, B = _jacobians_fd(fd_model, states, plan, fd_eps)
+            derivatives = cost_derivatives(m, cost, states, plan)
+            A, B, derivatives = A.detach(), B.detach(), CostDerivatives(*(x.detach() for x in derivatives))
+        result = backward_pass(A, B, derivatives, mu, plan, lower, upper)
+        if not result.ok:
+            delta = max(regularization_factor, delta * regularization_factor)
+            mu = max(regularization_min, mu * delta)
+            if mu > regularization_max:
+                break
+            continue
+        predicted = -(result.expected[0] + result.expected[1])
+        if stalled or predicted < tolerance * (1 + abs(history[-1])):
+            converged = True
+            break
+        if iterations == max_iterations:
+            break
+        iterations += 1
+        accepted = 0.0
+        for alpha in alphas:
+            trial_states, trial_plan, trial = _forward_pass(m, cost, d, plan + alpha * result.k, states, result.K,
+                                                            lower, upper, backward_mode)
+            expected = -(alpha * result.expected[0] + alpha**2 * result.expected[1])
+            if torch.isfinite(trial) and history[-1] - trial.item() >= min_decrease * expected:
+                states, plan, total, accepted = trial_states, trial_plan, trial, alpha
+                derivatives = None
+                break
+        if accepted == alphas[0]:
+            delta = min(1 / regularization_factor, delta / regularization_factor)
+            mu = mu * delta if mu * delta > regularization_min else 0.0
+        else:  # a shortened or failed step: the quadratic model was too optimistic, trust it less
+            delta = max(regularization_factor, delta * regularization_factor)
+            mu = max(regularization_min, mu * delta)
+        stalled = accepted and history[-1] - total.item() < tolerance * (1 + abs(history[-1]))
+        history.append(total.item())
+        if callback is not None:
+            callback(IterationInfo(iterations, history[-1], accepted, mu, time.perf_counter() - start))
+        if mu > regularization_max:
+            break
+
+    return ILQRResult(
+        ctrl=plan,
+        trajectory=states[1:],
+        gains=result.K,
+        cost=total,
+        cost_history=torch.tensor(history, dtype=m.dtype, device=m.device),
+        iterations=iterations,
+        converged=converged,
+        regularization=mu,
+        wall_time=time.perf_counter() - start,
+    )

@@ -1,0 +1,220 @@
+"""diffmj.optim: Gauss-Newton cost derivatives against autograd, iLQR against LQR and MuJoCo C's Jacobians."""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+import pytest
+import torch
+
+import diffmj
+from diffmj import optim
+from tests.conftest import mj_model
+
+# A point mass on two slide joints, no gravity, Euler with joint damping: one step is linear in
+# (qpos, qvel, ctrl), MuJoCo's Euler treating the damping implicitly.
+POINT_MASS = """
+<mujoco><option timestep="0.05" integrator="Euler" gravity="0 0 0"/>
+  <worldbody><body><joint name="x" type="slide" axis="1 0 0" damping="0.3"/>
+    <joint name="y" type="slide" axis="0 1 0" damping="0.3"/>
+    <geom type="sphere" size=".1" mass="{mass}" contype="0" conaffinity="0"/></body></worldbody>
+  <actuator><motor joint="x"/><motor joint="y"/></actuator></mujoco>"""
+MASS, DAMPING, DT = 2.0, 0.3, 0.05
+
+# A planar two-link arm without gravity reaching for a point with its fingertip (a site).
+ARM = """
+<mujoco><option timestep="0.02" gravity="0 0 0"/>
+  <default><geom contype="0" conaffinity="0"/><joint damping="0.05"/></default>
+  <worldbody><body><joint name="shoulder" axis="0 0 1"/><geom type="capsule" fromto="0 0 0 .3 0 0" size=".02"/>
+    <body pos=".3 0 0"><joint name="elbow" axis="0 0 1"/><geom type="capsule" fromto="0 0 0 .3 0 0" size=".02"/>
+      <site name="tip" pos=".3 0 0"/></body></body></worldbody>
+  <actuator><motor joint="shoulder" ctrlrange="-1 1"/><motor joint="elbow" ctrlrange="-1 1"/></actuator></mujoco>"""
+TARGET = (0.1, 0.4, 0.0)
+
+
+def _point_mass_linearisation() -> tuple[np.ndarray, np.ndarray]:
+    """A, B of one Euler step of POINT_MASS by hand: (m + h b) v' = m v + h (u - b v) + h b v, x' = x + h v'."""
+    h, mass, b = DT, MASS, DAMPING
+    a = 1 - h * b / (mass + h * b)  # v' = a v + c u
+    c = h / (mass + h * b)
+    eye = np.eye(2)
+    A = np.block([[eye, h * a * eye], [0 * eye, a * eye]])
+    B = np.vstack((h * c * eye, c * eye))
+    return A, B
+
+
+def _lqr(A, B, Q, R, Q_end, x0, horizon):
+    """Finite-horizon discrete LQR by the Riccati recursion: gains [T, nu, nx] and the open-loop controls."""
+    P, gains = Q_end, []
+    for _ in range(horizon):
+        K = -np.linalg.solve(R + B.T @ P @ B, B.T @ P @ A)
+        P = Q + A.T @ P @ (A + B @ K)
+        gains.append(K)
+    gains = gains[::-1]
+    x, ctrl = x0, []
+    for K in gains:
+        ctrl.append(K @ x)
+        x = A @ x + B @ ctrl[-1]
+    return np.array(gains), np.array(ctrl)
+
+
+def test_first_ilqr_iteration_on_a_linear_system_is_lqr():
+    m = diffmj.put_model(mujoco.MjModel.from_xml_string(POINT_MASS.format(mass=MASS)))
+    A, B = _point_mass_linearisation()
+    # the system really is that linear map (else the comparison below would not mean LQR)
+    A_ad, B_ad, _, _ = diffmj.grad.transition_jacobians(m, diffmj.make_data(m))
+    np.testing.assert_allclose(A_ad.numpy(), A, atol=1e-13)
+    np.testing.assert_allclose(B_ad.numpy(), B, atol=1e-13)
+
+    weights = dict(q=3.0, v=0.2, u=0.05, q_end=50.0, v_end=5.0)
+    cost = optim.Cost(
+        running=(optim.Term(lambda m, d: d.qpos, weights["q"]), optim.Term(lambda m, d: d.qvel, weights["v"]),
+                 optim.Term(lambda m, d: d.ctrl, weights["u"])),
+        terminal=(optim.Term(lambda m, d: d.qpos, weights["q_end"]), optim.Term(lambda m, d: d.qvel, weights["v_end"])))
+    x0 = np.array([0.5, -0.3, 0.2, 0.4])
+    d = diffmj.make_data(m).replace(qpos=torch.tensor(x0[:2]), qvel=torch.tensor(x0[2:]))
+    horizon = 20
+    result = optim.ilqr(m, d, torch.zeros(horizon, 2, dtype=m.dtype), cost, max_iterations=1)
+
+    Q = np.diag([weights["q"]] * 2 + [weights["v"]] * 2)
+    Q_end = np.diag([weights["q_end"]] * 2 + [weights["v_end"]] * 2)
+    gains, ctrl = _lqr(A, B, Q, weights["u"] * np.eye(2), Q_end, x0, horizon)
+    assert result.iterations == 1 and result.converged  # one Newton step solves it; the second finds nothing to do
+    np.testing.assert_allclose(result.ctrl.numpy(), ctrl, rtol=0, atol=1e-10 * np.abs(ctrl).max())
+    np.testing.assert_allclose(result.gains.numpy(), gains, rtol=0, atol=1e-10 * np.abs(gains).max())
+    # the cost LQR predicts: x0' P0 x0 / 2 with P0 from the same recursion
+    x, total = x0, 0.0
+    for u in ctrl:
+        total += 0.5 * (x @ Q @ x + weights["u"] * u @ u)
+        x = A @ x + B @ u
+    total += 0.5 * x @ Q_end @ x
+    assert result.cost.item() == pytest.approx(total, rel=1e-12)
+
+
+def _pendulum_problem(norm):
+    """The pendulum model (hinges and a ball joint) on a random trajectory, and a cost over it."""
+    mjm = mj_model("pendulum")
+    m = diffmj.put_model(mjm)
+    generator = torch.Generator().manual_seed(0)
+    d = diffmj.make_data(m).replace(qvel=torch.randn(m.nv, generator=generator, dtype=m.dtype))
+    ctrl = 0.5 * torch.randn(4, m.nu, generator=generator, dtype=m.dtype)
+    states = torch.cat((d[None], diffmj.rollout(m, d, ctrl)))
+    return m, states, ctrl
+
+
+def _perturbed_cost(m, cost, states, ctrl):
+    """The total cost as a function of tangent perturbations dx [T+1, ns] of every state and of the controls."""
+    nv = m.nv
+
+    def total(dx, u):
+        moved = states.replace(qpos=diffmj.integrate_pos(m, states.qpos, dx[:, :nv], 1.0),
+                               qvel=states.qvel + dx[:, nv : 2 * nv], act=states.act + dx[:, 2 * nv :])
+        return optim.trajectory_cost(m, cost, moved, u).sum()
+
+    return total, torch.zeros(states.batch_size[0], 2 * nv + m.na, dtype=m.dtype)
+
+
+NORMS = [optim.Quadratic(), optim.L2(0.3), optim.SmoothAbs(0.2), optim.Cosh(0.7)]
+
+
+@pytest.mark.parametrize("norm", NORMS, ids=lambda n: type(n).__name__)
+def test_gauss_newton_gradient_equals_autograd(norm):
+    """Any residual (here through the ball joint's quaternion and forward kinematics): the gradient is exact."""
+    m, states, ctrl = _pendulum_problem(norm)
+    bob = 3
+    cost = optim.Cost(
+        running=(optim.Term(lambda m, d: d.xpos[bob] - torch.tensor([0.2, 0.0, 0.3], dtype=m.dtype), 2.0, norm),
+                 optim.Term(lambda m, d: torch.cat((torch.sin(d.qvel), d.ctrl**2)), 0.5, norm)),
+        terminal=(optim.Term(lambda m, d: d.xquat[bob, 1:] * d.qvel[:3], 3.0, norm),),
+        forward=True)
+    derivatives = optim.cost_derivatives(m, cost, states, ctrl)
+    total, dx = _perturbed_cost(m, cost, states, ctrl)
+    grad_x, grad_u = torch.func.grad(total, argnums=(0, 1))(dx, ctrl)
+    torch.testing.assert_close(derivatives.grad_x, grad_x, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(derivatives.grad_u, grad_u, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(derivatives.value, optim.trajectory_cost(m, cost, states, ctrl), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("norm", NORMS, ids=lambda n: type(n).__name__)
+def test_gauss_newton_hessian_equals_autograd_for_affine_residuals(norm):
+    """Residuals affine in (dx, u) have no curvature of their own: the Gauss-Newton Hessian is the Hessian."""
+    m, states, ctrl = _pendulum_problem(norm)
+    offset = torch.tensor([0.3, -0.2], dtype=m.dtype)
+    cost = optim.Cost(
+        running=(optim.Term(lambda m, d: d.qpos[:2] - offset, 2.0, norm),
+                 optim.Term(lambda m, d: torch.cat((d.qvel, d.ctrl - 0.1)), 0.5, norm)),
+        terminal=(optim.Term(lambda m, d: d.qvel[2:] + 0.3 * d.qpos[1], 3.0, norm),))
+    derivatives = optim.cost_derivatives(m, cost, states, ctrl)
+    total, dx = _perturbed_cost(m, cost, states, ctrl)
+    (hxx, hxu), (hux, huu) = torch.func.hessian(total, argnums=(0, 1))(dx, ctrl)
+    T = ctrl.shape[0]
+    steps = torch.arange(T)
+    torch.testing.assert_close(derivatives.hess_xx, hxx[torch.arange(T + 1), :, torch.arange(T + 1)],
+                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(derivatives.hess_uu, huu[steps, :, steps], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(derivatives.hess_ux, hux[steps, :, steps], rtol=1e-12, atol=1e-12)
+    # the cost has no cross-step terms: everything off the time diagonal is zero
+    assert hxx.abs().sum() == pytest.approx(hxx[torch.arange(T + 1), :, torch.arange(T + 1)].abs().sum())
+
+
+def _reach(dtype=torch.float64):
+    mjm = mujoco.MjModel.from_xml_string(ARM)
+    m = diffmj.put_model(mjm, dtype=dtype)
+    tip = mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_SITE, "tip")
+    target = torch.tensor(TARGET, dtype=dtype)
+    cost = optim.Cost(
+        running=(optim.Term(lambda m, d: d.ctrl, 0.01),),
+        terminal=(optim.Term(lambda m, d: d.site_xpos[tip] - target, 10.0, optim.L2(0.01)),
+                  optim.Term(lambda m, d: d.qvel, 0.1)),
+        forward=True)
+    d = diffmj.make_data(m).replace(qpos=torch.tensor([0.3, 0.2], dtype=dtype))
+    return mjm, m, d, cost, tip, target
+
+
+def _tip_error(m, result, tip, target):
+    final = diffmj.forward(m, result.trajectory[-1])
+    return (final.site_xpos[tip] - target).norm().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_ilqr_reaches_with_a_monotone_cost(dtype):
+    mjm, m, d, cost, tip, target = _reach(dtype)
+    start_error = (diffmj.forward(m, d).site_xpos[tip] - target).norm().item()
+    result = optim.ilqr(m, d, torch.zeros(30, m.nu, dtype=dtype), cost, max_iterations=30)
+    history = result.cost_history
+    assert result.ctrl.dtype == dtype and result.gains.shape == (30, m.nu, 2 * m.nv + m.na)
+    assert (history[1:] <= history[:-1]).all()
+    assert history[-1] < 0.05 * history[0]
+    assert _tip_error(m, result, tip, target) < 0.01 < start_error
+    assert (result.ctrl.abs() <= 1).all()
+    # the returned trajectory is the plan's rollout
+    torch.testing.assert_close(result.trajectory.qpos, diffmj.rollout(m, d, result.ctrl).qpos, rtol=0, atol=0)
+
+
+def test_exact_and_finite_difference_jacobians_give_the_same_plan():
+    """Both runs converge to the same local optimum, whose conditions (zero gradient of the true cost) do not
+    involve the Jacobians' error (here 5e-10 apart). A plan stops when its predicted decrease
+    0.5 g' H^-1 g < tol (1 + cost), ~1e-12, so it lies within sqrt(2e-12 / lambda_min(H)) ~ 1.4e-5 of the
+    optimum (lambda_min >= 0.01, the control weight): 3e-5 for the two (measured 3.3e-6). Iterates before
+    convergence are not compared: the line search's choices amplify 1e-9 differences to 1e-2 in a few steps."""
+    mjm, m, d, cost, tip, target = _reach()
+    start = torch.zeros(30, m.nu, dtype=m.dtype)
+    exact = optim.ilqr(m, d, start, cost, max_iterations=50, tolerance=1e-12)
+    fd = optim.ilqr(m, d, start, cost, max_iterations=50, tolerance=1e-12, fd_model=mjm)
+    assert exact.converged and fd.converged
+    torch.testing.assert_close(fd.ctrl, exact.ctrl, rtol=0, atol=3e-5)
+    assert fd.cost.item() == pytest.approx(exact.cost.item(), rel=1e-9)
+
+
+def test_bad_input_is_refused():
+    mjm, m, d, cost, _, _ = _reach()
+    with pytest.raises(ValueError, match="ctrl must be"):
+        optim.ilqr(m, d, torch.zeros(10, 3, dtype=m.dtype), cost)
+    with pytest.raises(ValueError, match="unbatched"):
+        optim.ilqr(m, diffmj.make_data(m, batch_shape=(2,)), torch.zeros(10, 2, dtype=m.dtype), cost)
+    with pytest.raises(ValueError, match="float32"):
+        optim.ilqr(m, d, torch.zeros(10, 2, dtype=torch.float32), cost)
+    with pytest.raises(ValueError, match="positive"):
+        optim.L2(0.0)
+    with pytest.raises(ValueError, match="T \\+ 1 states"):
+        optim.trajectory_cost(m, cost, torch.stack([d, d]), torch.zeros(3, 2, dtype=m.dtype))
