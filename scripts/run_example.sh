@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install what the example needs into .venv, then optimise a trajectory through contact.
+# Install what the example needs into .venv, then swing up a cart-pole by iLQR on exact Jacobians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 . .venv/bin/activate
-python optim_examples/push_box.py "$@"
+python optim_examples/cartpole_ilqr.py "$@"
