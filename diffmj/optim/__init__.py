@@ -1,4 +1,4 @@
-"""What to do with gradients: costs (MJPC-style residual norms) and planners (iLQR) on diffmj.
+"""What to do with gradients: costs (MJPC-style residual norms), planners (iLQR) and system identification.
 
 A layer above the engine, ``diffmj.grad`` and ``diffmj.rollout``: it uses diffmj's public API only,
 and nothing below imports it.
@@ -15,6 +15,7 @@ from diffmj.optim.cost import (
     cost_derivatives,
     trajectory_cost,
 )
+from diffmj.optim import sysid
 from diffmj.optim.ilqr import BackwardPass, ILQRResult, IterationInfo, backward_pass, ilqr
 
 __all__ = [
@@ -31,5 +32,6 @@ __all__ = [
     "backward_pass",
     "cost_derivatives",
     "ilqr",
+    "sysid",
     "trajectory_cost",
 ]

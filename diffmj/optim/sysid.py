@@ -1,0 +1,432 @@
+"""System identification: named model parameters fitted to recorded controls and measurements.
+
+diffmj's counterpart of ``mujoco.sysid``, with exact Jacobians instead of finite differences.
+A problem is
+
+- parameters: ``Parameter`` specs, each a MuJoCo field (``diffmj.get_param``'s names,
+  ``opt.*`` included), optionally one object's rows of it and components of that row, with an
+  initial value, bounds, and ``log=True`` to optimise log p for a positive p;
+- a ``Recording``: initial state(s) d0 [...], controls [..., T, nu] and the measured
+  sensordata [..., T, nsensordata] and / or qpos [..., T, nq] / qvel [..., T, nv], one or
+  several sequences (the leading dimensions) at once.
+
+The optimisation variable x [n] concatenates the parameters' flattened values, log-transformed
+where asked. ``residual(x)`` is the weighted difference between ``diffmj.rollout`` of the model
+with the parameters set by ``diffmj.set_param`` and the measurements, flattened; ``jacobian(x)``
+its exact Jacobian by ``torch.func.jacfwd`` or ``jacrev``; ``fit`` a small projected
+Levenberg-Marquardt on them; ``least_squares_functions`` hands the same residual and Jacobian to
+``mujoco.minimize.least_squares``.
+
+Measurements line up with ``diffmj.rollout`` and with MuJoCo C: entry t is what mjData holds
+after the (t + 1)-th ``mj_step`` (sensors are evaluated at the start of a step, so sensordata[t]
+reads the state before step t + 1, qpos[t] / qvel[t] the state after it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+import scipy.stats
+import torch
+from torch import Tensor
+
+from diffmj import Data, Model, differentiate_pos, get_param, rollout, set_param
+
+SIGNALS = ("sensordata", "qpos", "qvel")
+
+
+class Parameter(NamedTuple):
+    """One parameter to identify.
+
+    name: MuJoCo's field name (``"body_mass"``, ``"dof_damping"``, ``"opt.timestep"``, ...).
+    obj: the object's name or id (as ``diffmj.get_param``), None for the whole field.
+    index: components of ``get_param(m, name, obj)`` flattened (an int or a sequence of ints,
+    e.g. 0 for ``actuator_gear``'s first entry or ``geom_friction``'s sliding friction); None
+    for all of them.
+    initial: starting value, broadcast to the parameter's shape; None reads the model's.
+    lower, upper: bounds in the parameter's units (applied to every component).
+    log: optimise log p (p must start positive; a lower bound <= 0 then bounds nothing).
+    """
+
+    name: str
+    obj: str | int | None = None
+    index: int | Sequence[int] | None = None
+    initial: float | Sequence[float] | Tensor | None = None
+    lower: float = -math.inf
+    upper: float = math.inf
+    log: bool = False
+
+    @property
+    def label(self) -> str:
+        """A readable key: ``body_mass[torso]``, ``actuator_gear[motor][0]``, ``opt.timestep``."""
+        label = self.name if self.obj is None else f"{self.name}[{self.obj}]"
+        if self.index is not None:
+            label += f"[{self.index}]" if isinstance(self.index, int) else f"[{','.join(map(str, self.index))}]"
+        return label
+
+
+class Recording(NamedTuple):
+    """Recorded sequences: what the model is fitted to.
+
+    d0: the initial Data, batch [...] (several sequences) or unbatched. ctrl [..., T, nu].
+    sensordata [..., T, nsensordata], qpos [..., T, nq], qvel [..., T, nv]: the measurements
+    (at least one), entry t being the Data after step t + 1 as ``diffmj.rollout`` returns it.
+    Leading dimensions of d0, ctrl and the measurements broadcast.
+    weights: per signal (``"sensordata"``, ``"qpos"``, ``"qvel"``), a factor broadcast to that
+    signal's residual [..., T, n] (n = nv for qpos, whose residual is the tangent difference),
+    e.g. one per sensor entry [nsensordata] or 1 / noise scale; default 1.
+    """
+
+    d0: Data
+    ctrl: Tensor
+    sensordata: Tensor | None = None
+    qpos: Tensor | None = None
+    qvel: Tensor | None = None
+    weights: dict[str, Tensor | float] | None = None
+
+
+class SysIdResult(NamedTuple):
+    """What ``fit`` returns.
+
+    x [n]: the optimised (transformed) vector. params: label -> value in the parameter's units
+    (shape of the parameter: [] for one component). cost: 0.5 |r|^2 at x. cost_history
+    [iterations + 1]: the cost at the start and after each iteration (a rejected step repeats it).
+    iterations: LM iterations run. status: why it stopped (``"gradient"``, ``"step"``, ``"cost"``,
+    ``"max_iterations"``, ``"regularization"``). converged: stopped by a tolerance. wall_time:
+    seconds. jacobian [nr, n]: at x. covariance [n, n]: s^2 (J'J)^-1 in x's coordinates with
+    s^2 = |r|^2 / (nr - n) (``mujoco.sysid.calculate_intervals``' formula). confidence: label ->
+    (low, high) tensors, the ``1 - alpha`` interval x_i +- t_{nr-n}(1 - alpha/2) sqrt(cov_ii)
+    mapped to the parameter's units (exp for log parameters, so there it is not symmetric);
+    infinite for parameters the residual does not determine. singular: J'J is (numerically)
+    singular; unidentified: labels of the parameters in its null space.
+    """
+
+    x: Tensor
+    params: dict[str, Tensor]
+    cost: float
+    cost_history: Tensor
+    iterations: int
+    status: str
+    converged: bool
+    wall_time: float
+    jacobian: Tensor
+    covariance: Tensor
+    confidence: dict[str, tuple[Tensor, Tensor]]
+    singular: bool
+    unidentified: tuple[str, ...]
+
+
+def _layout(m: Model, params: Sequence[Parameter]) -> list[tuple[Parameter, torch.Size, Tensor | None]]:
+    """(spec, shape of its value, flat component indices or None) per parameter; ValueError on bad specs."""
+    if not params:
+        raise ValueError("no parameters to identify")
+    layout = []
+    for p in params:
+        if not isinstance(p, Parameter):
+            raise ValueError(f"parameters must be sysid.Parameter, got {type(p).__name__}")
+        row = get_param(m, p.name, p.obj)  # raises ValueError for unknown fields and names
+        if p.index is None:
+            layout.append((p, row.shape, None))
+            continue
+        index = torch.as_tensor(p.index, dtype=torch.long, device=row.device).reshape(-1)
+        if index.numel() == 0 or index.min() < 0 or index.max() >= row.numel() or index.unique().numel() != index.numel():
+            raise ValueError(f"{p.label}: index must pick distinct components of {tuple(row.shape)} "
+                             f"(flattened, 0..{row.numel() - 1})")
+        layout.append((p, torch.Size([index.numel()]), index))
+    labels = [p.label for p in params]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"a parameter is listed twice: {labels}")
+    return layout
+
+
+def _current(m: Model, p: Parameter, index: Tensor | None) -> Tensor:
+    value = get_param(m, p.name, p.obj)
+    return value if index is None else value.reshape(-1)[index]
+
+
+def initial_vector(m: Model, params: Sequence[Parameter]) -> Tensor:
+    """x0 [n]: the initial values (the model's where ``initial`` is None), log-transformed where asked.
+
+    Raises ValueError for bad specs, bounds that are empty or NaN, initial values outside the bounds
+    and non-positive values of log parameters.
+    """
+    parts = []
+    for p, shape, index in _layout(m, params):
+        value = _current(m, p, index) if p.initial is None else torch.as_tensor(p.initial, dtype=m.dtype, device=m.device)
+        try:
+            value = torch.broadcast_to(value.to(m.dtype), shape)
+        except RuntimeError:
+            raise ValueError(f"{p.label}: initial value of shape {tuple(value.shape)} does not broadcast to "
+                             f"{tuple(shape)}") from None
+        if math.isnan(p.lower) or math.isnan(p.upper) or not p.lower < p.upper:
+            raise ValueError(f"{p.label}: bounds must satisfy lower < upper, got ({p.lower}, {p.upper})")
+        if ((value < p.lower) | (value > p.upper)).any():
+            raise ValueError(f"{p.label}: initial value {value.tolist()} outside the bounds ({p.lower}, {p.upper})")
+        if p.log:
+            if (value <= 0).any():
+                raise ValueError(f"{p.label}: a log parameter must start positive, got {value.tolist()}")
+            value = value.log()
+        parts.append(value.reshape(-1))
+    return torch.cat(parts)
+
+
+def bounds(m: Model, params: Sequence[Parameter]) -> tuple[Tensor, Tensor]:
+    """(lower [n], upper [n]) on x: the parameters' bounds, log-transformed for log parameters."""
+    lower, upper = [], []
+    for p, shape, _ in _layout(m, params):
+        low, high = (math.log(p.lower) if p.lower > 0 else -math.inf, math.log(p.upper)) if p.log else (p.lower, p.upper)
+        lower.append(torch.full((shape.numel(),), low, dtype=m.dtype, device=m.device))
+        upper.append(torch.full((shape.numel(),), high, dtype=m.dtype, device=m.device))
+    return torch.cat(lower), torch.cat(upper)
+
+
+def values(m: Model, params: Sequence[Parameter], x: Tensor) -> dict[str, Tensor]:
+    """label -> parameter value in its units (exp for log parameters), shaped as the parameter, from x [n]."""
+    layout = _layout(m, params)
+    sizes = [shape.numel() for _, shape, _ in layout]
+    if x.shape != (sum(sizes),):
+        raise ValueError(f"x must have shape ({sum(sizes)},) (the parameters' components), got {tuple(x.shape)}")
+    out = {}
+    for (p, shape, _), chunk in zip(layout, x.split(sizes)):
+        out[p.label] = (chunk.exp() if p.log else chunk).reshape(shape)
+    return out
+
+
+def apply(m: Model, params: Sequence[Parameter], x: Tensor) -> Model:
+    """The model with every parameter set from x [n] by ``diffmj.set_param`` (differentiable in x)."""
+    if x.dtype != m.dtype or x.device != m.device:
+        raise ValueError(f"x is {x.dtype} on {x.device}, the model is {m.dtype} on {m.device}")
+    for (p, _, index), value in zip(_layout(m, params), values(m, params, x).values()):
+        if index is not None:
+            row = get_param(m, p.name, p.obj)
+            value = row.reshape(-1).index_copy(0, index, value).reshape(row.shape)
+        m = set_param(m, p.name, value, p.obj)
+    return m
+
+
+def _check_recording(m: Model, data: Recording) -> None:
+    if not isinstance(data, Recording):
+        raise ValueError(f"data must be a sysid.Recording, got {type(data).__name__}")
+    ctrl = data.ctrl
+    if not isinstance(ctrl, Tensor) or ctrl.dim() < 2 or ctrl.shape[-1] != m.nu:
+        raise ValueError(f"ctrl must be a tensor [..., T, nu={m.nu}], got "
+                         f"{tuple(ctrl.shape) if isinstance(ctrl, Tensor) else type(ctrl).__name__}")
+    sizes = {"sensordata": m.nsensordata, "qpos": m.nq, "qvel": m.nv}
+    given = [s for s in SIGNALS if getattr(data, s) is not None]
+    if not given:
+        raise ValueError("the recording has no measurements: give sensordata, qpos or qvel")
+    batch = [tuple(data.d0.batch_size), tuple(ctrl.shape[:-2])]
+    for s in given:
+        x = getattr(data, s)
+        if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-2:] != (ctrl.shape[-2], sizes[s]):
+            raise ValueError(f"{s} must be a tensor [..., T={ctrl.shape[-2]}, {sizes[s]}], got "
+                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+        batch.append(tuple(x.shape[:-2]))
+    for name, x in [("ctrl", ctrl)] + [(s, getattr(data, s)) for s in given]:
+        if x.dtype != m.dtype or x.device != m.device:
+            raise ValueError(f"{name} is {x.dtype} on {x.device}, the model is {m.dtype} on {m.device}")
+    try:
+        torch.broadcast_shapes(*batch)
+    except RuntimeError:
+        raise ValueError(f"batch shapes of d0, ctrl and the measurements do not broadcast: {batch}") from None
+    unknown = set(data.weights or {}) - set(given)
+    if unknown:
+        raise ValueError(f"weights for {sorted(unknown)}, which are not measured (measured: {given})")
+
+
+def residual(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor) -> Tensor:
+    """Weighted predicted - measured, flattened: [nr] (sensordata, then qpos, then qvel).
+
+    The prediction is ``diffmj.rollout`` (full tape, no checkpointing: forward mode needs it) of
+    ``apply(m, params, x)`` from ``data.d0`` under ``data.ctrl``. qpos is compared on the manifold,
+    ``differentiate_pos(measured, predicted)`` [..., T, nv] (predicted - measured for hinge / slide).
+    """
+    _check_recording(m, data)
+    traj = rollout(apply(m, params, x), data.d0, data.ctrl, checkpoint=None)
+    weights = data.weights or {}
+    parts = []
+    for s in SIGNALS:
+        measured = getattr(data, s)
+        if measured is None:
+            continue
+        if s == "qpos":
+            r = differentiate_pos(m, measured, traj.qpos)
+        else:
+            r = getattr(traj, s) - measured
+        r = r * torch.as_tensor(weights.get(s, 1.0), dtype=m.dtype, device=m.device)
+        parts.append(r.reshape(-1))
+    return torch.cat(parts)
+
+
+def jacobian(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor, mode: str = "auto") -> Tensor:
+    """The exact Jacobian of ``residual`` w.r.t. x: [nr, n].
+
+    mode: ``"forward"`` (``torch.func.jacfwd``: one tangent per parameter), ``"reverse"``
+    (``torch.func.jacrev``: one cotangent per residual) or ``"auto"``: forward when there are fewer
+    parameters than residuals (the usual case), reverse otherwise.
+    """
+    nr = _residual_size(m, data)
+    if mode == "auto":
+        mode = "forward" if x.shape[0] < nr else "reverse"
+    if mode not in ("forward", "reverse"):
+        raise ValueError(f"mode must be 'auto', 'forward' or 'reverse', got {mode!r}")
+    transform = torch.func.jacfwd if mode == "forward" else torch.func.jacrev
+    return transform(lambda x: residual(m, params, data, x))(x)
+
+
+def _residual_size(m: Model, data: Recording) -> int:
+    _check_recording(m, data)
+    batch = torch.broadcast_shapes(tuple(data.d0.batch_size), tuple(data.ctrl.shape[:-2]),
+                                   *(tuple(getattr(data, s).shape[:-2]) for s in SIGNALS if getattr(data, s) is not None))
+    per_step = {"sensordata": m.nsensordata, "qpos": m.nv, "qvel": m.nv}
+    horizon = data.ctrl.shape[-2]
+    return sum(batch.numel() * horizon * per_step[s] for s in SIGNALS if getattr(data, s) is not None)
+
+
+def _intervals(params, layout, x: Tensor, r: Tensor, J: Tensor, alpha: float, rank_tol: float):
+    """Covariance s^2 (J'J)^-1 by eigendecomposition and the confidence intervals; see SysIdResult."""
+    nr, n = J.shape
+    dof = max(nr - n, 1)
+    s2 = (r @ r) / dof
+    lam, V = torch.linalg.eigh(J.mT @ J)
+    null = lam <= rank_tol * lam.max().clamp_min(torch.finfo(lam.dtype).tiny)
+    inv = torch.where(null, torch.zeros_like(lam), 1 / lam)
+    covariance = s2 * (V * inv) @ V.mT
+    # a component of x touched by a null eigenvector is undetermined: infinite variance
+    unseen = ((V.abs() > 1e-8) & null).any(-1)
+    variance = torch.where(unseen, torch.full_like(lam, math.inf), covariance.diagonal())
+    half = float(scipy.stats.t.ppf(1 - alpha / 2, dof)) * variance.sqrt()
+    confidence, unidentified = {}, []
+    sizes = [shape.numel() for _, shape, _ in layout]
+    for (p, shape, _), xi, hi, un in zip(layout, x.split(sizes), half.split(sizes), unseen.split(sizes)):
+        low, high = xi - hi, xi + hi
+        if p.log:
+            low, high = low.exp(), high.exp()
+        confidence[p.label] = (low.reshape(shape), high.reshape(shape))
+        if un.any():
+            unidentified.append(p.label)
+    return covariance, confidence, bool(null.any()), tuple(unidentified)
+
+
+def fit(
+    m: Model,
+    params: Sequence[Parameter],
+    data: Recording,
+    *,
+    max_iterations: int = 100,
+    ftol: float = 1e-12,
+    xtol: float = 1e-10,
+    gtol: float = 1e-12,
+    mode: str = "auto",
+    alpha: float = 0.05,
+    rank_tol: float = 1e-12,
+    callback: Callable[[int, float, Tensor], None] | None = None,
+) -> SysIdResult:
+    """Fit ``params`` to ``data`` by Levenberg-Marquardt on exact Jacobians, with box bounds.
+
+    Each iteration solves (J'J + mu diag(J'J)) dx = -J'r (Marquardt's scaling, so the damping
+    does not depend on the parameters' units), projects x + dx onto the bounds and accepts it if
+    the cost 0.5 |r|^2 decreases; mu follows Nielsen's schedule (shrunk by max(1/3, 1 - (2 rho -
+    1)^3) after a step whose actual / predicted decrease is rho, doubled-and-growing after a
+    rejection). Stops when the gradient's largest projected component is <= gtol, a step is <=
+    xtol (|x| + xtol), an accepted step lowers the cost by <= ftol times it, or mu exceeds 1e16.
+    callback(iteration, cost, x) after each iteration. Warns when J'J is singular at the end.
+    See ``SysIdResult`` for the output and the confidence intervals' formula.
+    """
+    start = time.perf_counter()
+    layout = _layout(m, params)
+    x = initial_vector(m, params)
+    lower, upper = bounds(m, params)
+
+    def evaluate(x: Tensor) -> tuple[Tensor, float]:
+        with torch.no_grad():
+            r = residual(m, params, data, x)
+        return r, 0.5 * float(r @ r)
+
+    r, cost = evaluate(x)
+    J = jacobian(m, params, data, x, mode)
+    history = [cost]
+    mu, grow, status = 1e-3, 2.0, "max_iterations"
+    iteration = 0
+    for iteration in range(1, max_iterations + 1):
+        g = J.mT @ r
+        # the gradient's components that the bounds do not block
+        free = ~(((x <= lower) & (g > 0)) | ((x >= upper) & (g < 0)))
+        if (g * free).abs().max() <= gtol:
+            status, iteration = "gradient", iteration - 1
+            break
+        H = J.mT @ J
+        scale = H.diagonal().clamp_min(torch.finfo(H.dtype).eps * H.diagonal().max())
+        dx = torch.linalg.solve(H + mu * torch.diag(scale), -g)
+        step = (x + dx).clamp(lower, upper) - x
+        if step.norm() <= xtol * (x.norm() + xtol):
+            status, iteration = "step", iteration - 1
+            break
+        r_new, cost_new = evaluate(x + step)
+        predicted = -float(g @ step + 0.5 * step @ H @ step)
+        if cost_new < cost:
+            rho = (cost - cost_new) / predicted if predicted > 0 else 1.0
+            mu *= max(1 / 3, 1 - (2 * rho - 1) ** 3)
+            grow = 2.0
+            decrease = cost - cost_new
+            x, r, cost = x + step, r_new, cost_new
+            J = jacobian(m, params, data, x, mode)
+            history.append(cost)
+            if callback is not None:
+                callback(iteration, cost, x)
+            if decrease <= ftol * (cost + decrease):
+                status = "cost"
+                break
+        else:
+            mu *= grow
+            grow *= 2.0
+            history.append(cost)
+            if callback is not None:
+                callback(iteration, cost, x)
+            if mu > 1e16:
+                status = "regularization"
+                break
+    covariance, confidence, singular, unidentified = _intervals(params, layout, x, r, J, alpha, rank_tol)
+    if singular:
+        warnings.warn(f"J'J is singular: the residual does not determine {list(unidentified) or 'a combination of the parameters'}; "
+                      "their confidence intervals are infinite", RuntimeWarning, stacklevel=2)
+    return SysIdResult(
+        x=x, params=values(m, params, x), cost=cost, cost_history=torch.tensor(history, dtype=torch.float64),
+        iterations=iteration, status=status, converged=status in ("gradient", "step", "cost"),
+        wall_time=time.perf_counter() - start, jacobian=J, covariance=covariance, confidence=confidence,
+        singular=singular, unidentified=unidentified)
+
+
+def least_squares_functions(m: Model, params: Sequence[Parameter], data: Recording, mode: str = "auto"):
+    """The problem in ``mujoco.minimize.least_squares``' terms: (x0, residual, jacobian, bounds), numpy.
+
+    x0 [n] float64; residual(x [n, k]) -> [nr, k] float64 (vectorised over columns, as
+    least_squares evaluates several points at once); jacobian(x [n, 1], r [nr, 1]) -> [nr, n]
+    float64, diffmj's exact Jacobian; bounds: [lower [n], upper [n]] or None when unbounded
+    (least_squares needs finite bounds: infinite ones are passed as +-1e300). Use as
+    ``mujoco.minimize.least_squares(x0, residual, jacobian=jacobian, bounds=bounds)``.
+    """
+    _check_recording(m, data)
+    x0 = initial_vector(m, params).double().cpu().numpy()
+    lower, upper = (b.double().cpu().numpy() for b in bounds(m, params))
+
+    def to_torch(x: np.ndarray) -> Tensor:
+        return torch.as_tensor(np.asarray(x, dtype=np.float64), device=m.device).to(m.dtype)
+
+    def residual_np(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x).reshape(x0.shape[0], -1)
+        with torch.no_grad():
+            columns = [residual(m, params, data, to_torch(x[:, k])) for k in range(x.shape[1])]
+        return torch.stack(columns, -1).double().cpu().numpy()
+
+    def jacobian_np(x: np.ndarray, r: np.ndarray | None = None) -> np.ndarray:
+        return jacobian(m, params, data, to_torch(np.asarray(x).reshape(-1)), mode).double().cpu().numpy()
+
+    box = None
+    if np.isfinite(lower).any() or np.isfinite(upper).any():
+        box = [np.nan_to_num(lower, neginf=-1e300), np.nan_to_num(upper, posinf=1e300)]
+    return x0, residual_np, jacobian_np, box

@@ -1,0 +1,236 @@
+"""diffmj.optim.sysid: parameters recovered from data the model made, exact Jacobians, bounds, flags.
+
+The recordings are short (20-30 steps) because a Jacobian by torch.func.jacfwd costs ~70 ms per
+step on a CPU (PyTorch's forward-mode overhead per operation), and every fit below takes a few.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import mujoco
+import mujoco.minimize
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+import diffmj
+from diffmj.optim import sysid
+from tests.conftest import TOL
+
+# A mass on a slide joint with a spring, a damper and a motor; sensors read position and velocity.
+SPRING = """
+<mujoco><option timestep="0.02"/>
+  <worldbody><body name="mass"><joint name="x" type="slide" axis="1 0 0" stiffness="10" damping="{damping}"/>
+    <geom type="sphere" size=".1" mass="{mass}" contype="0" conaffinity="0"/></body>
+    <body name="wall" pos="1 0 0"><geom type="box" size=".1 .1 .1" mass="3" contype="0" conaffinity="0"/></body>
+  </worldbody>
+  <actuator><motor name="motor" joint="x" gear="{gear}"/></actuator>
+  <sensor><jointpos joint="x"/><jointvel joint="x"/></sensor></mujoco>"""
+TRUE = dict(mass=2.0, damping=0.5, gear=1.5)
+
+# A hinge pendulum under gravity whose rotor inertia (armature) is unknown.
+PENDULUM = """
+<mujoco><option timestep="0.01"/>
+  <worldbody><body name="pole"><joint name="hinge" axis="0 1 0" armature="{armature}"/>
+    <geom type="capsule" fromto="0 0 0 0 0 -.5" size=".02" mass="1" contype="0" conaffinity="0"/></body></worldbody>
+</mujoco>"""
+
+# recovered from noiseless data: LM stops at its tolerances with the residual at roundoff
+RECOVERED = 1e-6
+
+
+def _spring(dtype=torch.float64, **values) -> diffmj.Model:
+    return diffmj.put_model(mujoco.MjModel.from_xml_string(SPRING.format(**{**TRUE, **values})), dtype=dtype)
+
+
+def _spring_recording(m: diffmj.Model, horizon: int = 30) -> sysid.Recording:
+    """Two sequences (batched): different initial positions and control signals."""
+    d = diffmj.make_data(m, batch_shape=(2,))
+    d = d.replace(qpos=torch.tensor([[0.1], [-0.2]], dtype=m.dtype))
+    t = torch.arange(horizon, dtype=m.dtype) * 0.02
+    ctrl = torch.stack((torch.sin(3 * t), torch.cos(5 * t)))[..., None]
+    traj = diffmj.rollout(m, d, ctrl)
+    return sysid.Recording(d, ctrl, sensordata=traj.sensordata)
+
+
+SPRING_PARAMS = [
+    sysid.Parameter("body_mass", "mass", initial=1.0, log=True),
+    sysid.Parameter("dof_damping", "x", initial=0.1, lower=0.0, upper=5.0),
+    sysid.Parameter("actuator_gear", "motor", index=0, initial=1.0),
+]
+
+
+@pytest.fixture(scope="module")
+def spring_fit():
+    m = _spring()
+    data = _spring_recording(m)
+    return m, data, sysid.fit(m, SPRING_PARAMS, data)
+
+
+def test_mass_damping_and_gear_recovered(spring_fit):
+    _, _, result = spring_fit
+    assert result.converged, result.status
+    got = [result.params[p.label].item() for p in SPRING_PARAMS]
+    np.testing.assert_allclose(got, [TRUE["mass"], TRUE["damping"], TRUE["gear"]], rtol=0, atol=RECOVERED)
+    assert result.cost < 1e-20
+    # the history is monotone: rejected steps repeat the cost, accepted ones lower it
+    assert len(result.cost_history) == result.iterations + 1
+    assert (result.cost_history.diff() <= 0).all()
+    assert not result.singular and result.unidentified == ()
+    for label, (low, high) in result.confidence.items():
+        assert low <= result.params[label] <= high and torch.isfinite(high)
+
+
+def test_confidence_intervals_follow_the_formula(spring_fit):
+    """Half-widths t_{nr-n}(0.975) sqrt(s^2 (J'J)^-1_ii), s^2 = |r|^2 / (nr - n), in x (log for the mass)."""
+    m, data, result = spring_fit
+    J = result.jacobian.numpy()
+    r = sysid.residual(m, SPRING_PARAMS, data, result.x).numpy()
+    nr, n = J.shape
+    s2 = r @ r / (nr - n)
+    half = scipy.stats.t.ppf(0.975, nr - n) * np.sqrt(s2 * np.diag(np.linalg.inv(J.T @ J)))
+    x = result.x.numpy()
+    expected_low = np.array([math.exp(x[0] - half[0]), x[1] - half[1], x[2] - half[2]])
+    got_low = np.array([result.confidence[p.label][0].item() for p in SPRING_PARAMS])
+    np.testing.assert_allclose(got_low, expected_low, rtol=1e-8)
+
+
+def test_jacobian_equals_central_differences_forward_and_reverse():
+    m = _spring()
+    data = _spring_recording(m, horizon=15)
+    x = sysid.initial_vector(m, SPRING_PARAMS)
+    forward = sysid.jacobian(m, SPRING_PARAMS, data, x, mode="forward")
+    reverse = sysid.jacobian(m, SPRING_PARAMS, data, x, mode="reverse")
+    np.testing.assert_allclose(forward.numpy(), reverse.numpy(), rtol=0, atol=TOL["batch"] * (1 + forward.abs().max()))
+    eps = 1e-6
+    columns = []
+    for i in range(x.shape[0]):
+        e = torch.zeros_like(x)
+        e[i] = eps
+        columns.append((sysid.residual(m, SPRING_PARAMS, data, x + e) - sysid.residual(m, SPRING_PARAMS, data, x - e)) / (2 * eps))
+    # central differences: truncation eps^2 |r'''| plus rounding 1e-16 |r| / eps, both < 1e-9 here
+    np.testing.assert_allclose(forward.numpy(), torch.stack(columns, 1).numpy(), rtol=0, atol=1e-8)
+    assert (forward.abs().max(0).values > 1e-2).all()  # every parameter is seen: the comparison means something
+
+
+def test_mujoco_least_squares_checks_and_uses_the_exact_jacobian():
+    m = _spring()
+    data = _spring_recording(m, horizon=20)
+    x0, residual, jacobian, bounds = sysid.least_squares_functions(m, SPRING_PARAMS, data)
+    assert bounds is not None and np.all(bounds[0] < bounds[1])
+    out = io.StringIO()
+    x, trace = mujoco.minimize.least_squares(x0, residual, jacobian=jacobian, bounds=bounds, check_derivatives=True,
+                                             output=out, verbose=0)
+    assert "matches finite-differences" in out.getvalue()
+    np.testing.assert_allclose([math.exp(x[0]), x[1], x[2]], [TRUE["mass"], TRUE["damping"], TRUE["gear"]], atol=RECOVERED)
+    # a wrong Jacobian is caught by the same check
+    with pytest.raises(ValueError, match="does not match"):
+        mujoco.minimize.least_squares(x0, residual, jacobian=lambda x, r: 1.1 * jacobian(x, r), bounds=bounds,
+                                      check_derivatives=True, output=out, verbose=0, max_iter=1)
+
+
+def test_armature_of_a_pendulum_from_positions_and_velocities():
+    true = 0.05
+    m_true = diffmj.put_model(mujoco.MjModel.from_xml_string(PENDULUM.format(armature=true)))
+    d = diffmj.make_data(m_true).replace(qpos=torch.tensor([1.0], dtype=torch.float64))
+    ctrl = torch.zeros(20, 0, dtype=torch.float64)
+    traj = diffmj.rollout(m_true, d, ctrl)
+    m = diffmj.put_model(mujoco.MjModel.from_xml_string(PENDULUM.format(armature=0.5)))  # a wrong model
+    data = sysid.Recording(d, ctrl, qpos=traj.qpos, qvel=traj.qvel, weights={"qvel": 0.1})
+    result = sysid.fit(m, [sysid.Parameter("dof_armature", "hinge", log=True)], data)  # starts at the model's 0.5
+    assert result.converged, result.status
+    assert abs(result.params["dof_armature[hinge]"].item() - true) <= RECOVERED
+
+
+def test_log_parameter_stays_positive_where_a_plain_one_goes_negative():
+    """From far above, the first Gauss-Newton step on the damping overshoots below zero in plain
+    coordinates; in log coordinates every iterate stays positive and the fit still lands."""
+    m = _spring(damping=0.05)
+    data = _spring_recording(m, horizon=20)
+    start = [sysid.Parameter("dof_damping", "x", initial=3.0)]
+    x0 = sysid.initial_vector(m, start)
+    J = sysid.jacobian(m, start, data, x0)
+    r = sysid.residual(m, start, data, x0)
+    gauss_newton = x0 - torch.linalg.lstsq(J, r[:, None]).solution[:, 0]
+    assert gauss_newton.item() < 0  # the plain step would leave the positive values
+
+    seen = []
+    params = [sysid.Parameter("dof_damping", "x", initial=3.0, log=True)]
+    result = sysid.fit(m, params, data, callback=lambda i, cost, x: seen.append(sysid.values(m, params, x)["dof_damping[x]"].item()))
+    assert min(seen) > 0
+    assert abs(result.params["dof_damping[x]"].item() - 0.05) <= RECOVERED
+
+
+def test_bounds_are_respected():
+    """The true damping 0.5 lies above the upper bound 0.3: the fit stops on the bound, never beyond."""
+    m = _spring()
+    data = _spring_recording(m, horizon=20)
+    params = [sysid.Parameter("dof_damping", "x", initial=0.1, lower=0.0, upper=0.3)]
+    seen = []
+    result = sysid.fit(m, params, data, callback=lambda i, cost, x: seen.append(x.item()))
+    assert max(seen) <= 0.3
+    assert result.params["dof_damping[x]"].item() == 0.3
+    assert result.converged and result.status == "gradient"
+
+
+def test_a_parameter_the_residual_does_not_see_is_flagged():
+    m = _spring()
+    data = _spring_recording(m, horizon=20)
+    params = [sysid.Parameter("body_mass", "mass", initial=1.5), sysid.Parameter("body_mass", "wall", initial=2.0)]
+    with pytest.warns(RuntimeWarning, match=r"singular.*body_mass\[wall\]"):
+        result = sysid.fit(m, params, data)
+    assert result.singular and result.unidentified == ("body_mass[wall]",)
+    low, high = result.confidence["body_mass[wall]"]
+    assert low == -math.inf and high == math.inf
+    assert torch.isfinite(torch.stack(result.confidence["body_mass[mass]"])).all()
+    assert abs(result.params["body_mass[mass]"].item() - TRUE["mass"]) <= RECOVERED
+
+
+def test_float32():
+    m = _spring(dtype=torch.float32)
+    data = _spring_recording(m, horizon=20)
+    params = SPRING_PARAMS[:2]
+    m = _spring(dtype=torch.float32, mass=1.0, damping=0.1)
+    result = sysid.fit(m, params, data, gtol=1e-7)
+    assert result.x.dtype == torch.float32 and result.jacobian.dtype == torch.float32
+    # float32 rounding of a 20-step rollout (~1e-6 relative) limits the recovery
+    np.testing.assert_allclose([result.params[p.label].item() for p in params], [TRUE["mass"], TRUE["damping"]], rtol=1e-3)
+
+
+def test_bad_input_raises_value_error():
+    m = _spring()
+    data = _spring_recording(m, horizon=5)
+    x = torch.zeros(1, dtype=torch.float64)
+    bad_params = {
+        "unknown model parameter": [sysid.Parameter("body_mas", "mass")],
+        "no body": [sysid.Parameter("body_mass", "nope")],
+        "lower < upper": [sysid.Parameter("dof_damping", "x", lower=1.0, upper=1.0)],
+        "outside the bounds": [sysid.Parameter("dof_damping", "x", initial=2.0, upper=1.0)],
+        "must start positive": [sysid.Parameter("dof_damping", "x", initial=0.0, log=True)],
+        "index must pick": [sysid.Parameter("actuator_gear", "motor", index=6)],
+        "does not broadcast": [sysid.Parameter("dof_damping", "x", initial=[1.0, 2.0])],
+        "listed twice": [sysid.Parameter("dof_damping", "x"), sysid.Parameter("dof_damping", "x")],
+        "no parameters": [],
+    }
+    for message, params in bad_params.items():
+        with pytest.raises(ValueError, match=message):
+            sysid.initial_vector(m, params)
+    damping = [sysid.Parameter("dof_damping", "x")]
+    bad_data = {
+        "sensordata must be": data._replace(sensordata=data.sensordata[..., :1]),
+        "ctrl must be": data._replace(ctrl=data.ctrl[..., :0]),
+        "no measurements": data._replace(sensordata=None),
+        "do not broadcast": data._replace(sensordata=data.sensordata.expand(3, 2, 5, 2)[:, 0]),
+        "float32": data._replace(sensordata=data.sensordata.float()),
+        "not measured": data._replace(weights={"qvel": 1.0}),
+    }
+    for message, bad in bad_data.items():
+        with pytest.raises(ValueError, match=message):
+            sysid.residual(m, damping, bad, x)
+    with pytest.raises(ValueError, match="mode must be"):
+        sysid.jacobian(m, damping, data, x, mode="central")
+    with pytest.raises(ValueError, match="x must have shape"):
+        sysid.residual(m, damping, data, torch.zeros(2, dtype=torch.float64))
