@@ -1,4 +1,4 @@
-"""What to do with gradients: costs (MJPC-style residual norms) and planners (iLQR) on diffmj.
+"""What to do with gradients: costs (MJPC-style residual norms) and planners (iLQR, sampling, MPC) on diffmj.
 
 A layer above the engine, ``diffmj.grad`` and ``diffmj.rollout``: it uses diffmj's public API only,
 and nothing below imports it.
@@ -16,6 +16,9 @@ from diffmj.optim.cost import (
     trajectory_cost,
 )
 from diffmj.optim.ilqr import BackwardPass, ILQRResult, IterationInfo, backward_pass, ilqr
+from diffmj.optim.mpc import MPCResult, mpc, shift_ctrl
+from diffmj.optim.sampling import SamplingResult, cem, mppi, predictive_sampling, rollout_costs, rollout_mujoco
+from diffmj.optim.spline import SPLINES, interpolate, knot_times, shift_knots, spline_ctrl
 
 __all__ = [
     "L2",
@@ -25,11 +28,25 @@ __all__ = [
     "CostDerivatives",
     "ILQRResult",
     "IterationInfo",
+    "MPCResult",
     "Quadratic",
+    "SPLINES",
+    "SamplingResult",
     "SmoothAbs",
     "Term",
     "backward_pass",
+    "cem",
     "cost_derivatives",
     "ilqr",
+    "interpolate",
+    "knot_times",
+    "mpc",
+    "mppi",
+    "predictive_sampling",
+    "rollout_costs",
+    "rollout_mujoco",
+    "shift_ctrl",
+    "shift_knots",
+    "spline_ctrl",
     "trajectory_cost",
 ]
