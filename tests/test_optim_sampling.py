@@ -156,35 +156,42 @@ def test_planners_run_in_float32(planner):
 
 
 def _reach_mpc(steps, plant, generator=0):
-    """Predictive sampling in closed loop on the reach, with a running tip cost: the tip error after each step."""
+    """Predictive sampling in closed loop on the reach, with a running tip cost: the result, the tip error after
+    each step and each step's (nominal, plan)."""
     mjm, m, d, cost, tip, target = _reach()
     running = optim.Cost(running=(optim.Term(lambda m, d: d.ctrl, 0.01),
                                   optim.Term(lambda m, d: d.site_xpos[tip] - target, 1.0, optim.L2(0.01)),
                                   optim.Term(lambda m, d: d.qvel, 0.01)),
                          terminal=cost.terminal, forward=True)
-    horizon, g = 30, torch.Generator().manual_seed(generator)
+    horizon, g, calls = 30, torch.Generator().manual_seed(generator), []
 
     def planner(d, nominal):
-        return optim.predictive_sampling(m, d, nominal, running, num_samples=64, noise=0.3, iterations=2,
+        plan = optim.predictive_sampling(m, d, nominal, running, num_samples=64, noise=0.3, iterations=2,
                                          horizon=horizon, spline="cubic", generator=g, mj_model=mjm)
+        calls.append((nominal, plan))
+        return plan
 
     result = optim.mpc(m, d, planner, torch.zeros(4, m.nu, dtype=m.dtype), steps, plant=mjm if plant else None,
                        warm_start=lambda plan: optim.shift_knots(plan.knots, horizon, "cubic"))
     tip_error = (torch.vmap(diffmj.forward, in_dims=(None, 0))(m, result.trajectory).site_xpos[:, tip] - target)
-    return result, tip_error.norm(dim=-1)
+    return result, tip_error.norm(dim=-1), calls
 
 
 def test_mpc_with_the_mujoco_plant_reaches_the_target():
-    result, error = _reach_mpc(60, plant=True)
+    result, error, _ = _reach_mpc(60, plant=True)
     assert result.ctrl.shape == (60, 2) and result.plan_time.shape == result.plan_cost.shape == (60,)
     assert error[0] > 0.45 and (error[-15:] < 0.04).all()  # measured 0.48 at the start, 0.026 at most over the last 15 steps, 0.014 at the end
 
 
 def test_mpc_plants_agree():
-    mujoco_plant, _ = _reach_mpc(5, plant=True)
-    diffmj_plant, _ = _reach_mpc(5, plant=False)
+    mujoco_plant, _, calls = _reach_mpc(5, plant=True)
+    diffmj_plant, _, _ = _reach_mpc(5, plant=False)
     torch.testing.assert_close(mujoco_plant.ctrl, diffmj_plant.ctrl, rtol=0, atol=1e-9)
     torch.testing.assert_close(mujoco_plant.trajectory.qpos, diffmj_plant.trajectory.qpos, rtol=0, atol=1e-9)
+    # each plan starts from the last one shifted, and its first control is applied
+    for (_, plan), (nominal, _) in zip(calls, calls[1:]):
+        torch.testing.assert_close(nominal, optim.shift_knots(plan.knots, 30, "cubic"), rtol=0, atol=0)
+    torch.testing.assert_close(mujoco_plant.ctrl, torch.stack([plan.ctrl[0] for _, plan in calls]), rtol=0, atol=0)
     # the default warm start shifts the controls one step
     plan = optim.SamplingResult(torch.arange(6.0).reshape(3, 2), None, None, None, None, 0.0)
     torch.testing.assert_close(optim.shift_ctrl(plan), torch.tensor([[2.0, 3.0], [4.0, 5.0], [4.0, 5.0]]))
