@@ -192,9 +192,36 @@ def test_mpc_plants_agree():
     for (_, plan), (nominal, _) in zip(calls, calls[1:]):
         torch.testing.assert_close(nominal, optim.shift_knots(plan.knots, 30, "cubic"), rtol=0, atol=0)
     torch.testing.assert_close(mujoco_plant.ctrl, torch.stack([plan.ctrl[0] for _, plan in calls]), rtol=0, atol=0)
-    # the default warm start shifts the controls one step
-    plan = optim.SamplingResult(torch.arange(6.0).reshape(3, 2), None, None, None, None, 0.0)
-    torch.testing.assert_close(optim.shift_ctrl(plan), torch.tensor([[2.0, 3.0], [4.0, 5.0], [4.0, 5.0]]))
+
+
+def test_mpc_takes_any_planner():
+    """iLQR in the loop, warm started by default with its controls shifted one step, the last repeated; and a
+    planner that takes a gradient with autograd (mpc leaves gradients on around the planner)."""
+    mjm, m, d, cost, _, _ = _reach()
+    calls = []
+
+    def planner(d, nominal):
+        calls.append((nominal, optim.ilqr(m, d, nominal, cost, max_iterations=2)))
+        return calls[-1][1]
+
+    result = optim.mpc(m, d, planner, torch.zeros(10, m.nu, dtype=m.dtype), 2)
+    (_, first), (second_nominal, second) = calls
+    torch.testing.assert_close(second_nominal, torch.cat((first.ctrl[1:], first.ctrl[-1:])), rtol=0, atol=0)
+    torch.testing.assert_close(result.ctrl, torch.stack((first.ctrl[0], second.ctrl[0])), rtol=0, atol=0)
+    assert first.cost_history[-1] < first.cost_history[0]
+    torch.testing.assert_close(result.plan_cost, torch.stack((first.cost, second.cost)), rtol=0, atol=0)
+    # the diffmj plant stepped the first plan's control from d
+    torch.testing.assert_close(result.trajectory.qpos[0], diffmj.step(m, d.replace(ctrl=first.ctrl[0])).qpos,
+                               rtol=0, atol=0)
+
+    def gradient_step(d, nominal):
+        ctrl = nominal.clone().requires_grad_()
+        total = optim.trajectory_cost(m, cost, torch.cat((d[None], diffmj.rollout(m, d, ctrl))), ctrl).sum()
+        (gradient,) = torch.autograd.grad(total, ctrl)
+        return optim.ILQRResult(ctrl - gradient, None, None, total.detach(), None, 1, False, 0.0, 0.0)
+
+    result = optim.mpc(m, d, gradient_step, torch.zeros(5, m.nu, dtype=m.dtype), 1)
+    assert result.ctrl.abs().max() > 0
 
 
 def test_bad_input_is_refused():

@@ -32,7 +32,6 @@ def shift_ctrl(plan: Any) -> Tensor:
     return torch.cat((plan.ctrl[1:], plan.ctrl[-1:]))
 
 
-@torch.no_grad()
 def mpc(m: Model, d: Data, planner: Callable[[Data, Tensor], Any], nominal: Tensor, steps: int, *,
         plant: mujoco.MjModel | None = None, warm_start: Callable[[Any], Tensor] = shift_ctrl) -> MPCResult:
     """Run ``steps`` control steps in closed loop from d (one unbatched Data).
@@ -62,7 +61,8 @@ def mpc(m: Model, d: Data, planner: Callable[[Data, Tensor], Any], nominal: Tens
         plan_time.append(time.perf_counter() - planned)
         u = plan.ctrl[0].detach()
         if plant is None:
-            d = step(m, d.replace(ctrl=u))
+            with torch.no_grad():  # the plant needs no gradient (planners choose their own)
+                d = step(m, d.replace(ctrl=u))
         else:
             plant_data.ctrl[:] = u.to("cpu", torch.float64).numpy()
             mujoco.mj_step(plant, plant_data)
