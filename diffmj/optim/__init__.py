@@ -1,4 +1,5 @@
-"""What to do with gradients: costs (MJPC-style residual norms), planners (iLQR) and system identification.
+"""What to do with gradients: costs (MJPC-style residual norms), planners (iLQR, sampling, MPC)
+and system identification (``diffmj.optim.sysid``).
 
 A layer above the engine, ``diffmj.grad`` and ``diffmj.rollout``: it uses diffmj's public API only,
 and nothing below imports it.
@@ -17,6 +18,9 @@ from diffmj.optim.cost import (
 )
 from diffmj.optim import sysid
 from diffmj.optim.ilqr import BackwardPass, ILQRResult, IterationInfo, backward_pass, ilqr
+from diffmj.optim.mpc import MPCResult, mpc, shift_ctrl
+from diffmj.optim.sampling import SamplingResult, cem, mppi, predictive_sampling, rollout_costs, rollout_mujoco
+from diffmj.optim.spline import SPLINES, interpolate, knot_times, shift_knots, spline_ctrl
 
 __all__ = [
     "L2",
@@ -26,12 +30,26 @@ __all__ = [
     "CostDerivatives",
     "ILQRResult",
     "IterationInfo",
+    "MPCResult",
     "Quadratic",
+    "SPLINES",
+    "SamplingResult",
     "SmoothAbs",
     "Term",
     "backward_pass",
+    "cem",
     "cost_derivatives",
     "ilqr",
+    "interpolate",
+    "knot_times",
+    "mpc",
+    "mppi",
+    "predictive_sampling",
+    "rollout_costs",
+    "rollout_mujoco",
+    "shift_ctrl",
+    "shift_knots",
+    "spline_ctrl",
     "sysid",
     "trajectory_cost",
 ]
