@@ -13,8 +13,9 @@ MuJoCo's tests (improvement, gradient, Newton decrement).
 
 Loops have a fixed maximum length (``opt.iterations``, ``opt.ls_iterations``);
 a converged element is frozen with ``torch.where`` so a vmapped batch gives
-exactly what each element gives alone. An eager unbatched call stops as soon
-as it has converged, with the same result.
+exactly what each element gives alone. An eager call stops as soon as every
+element has converged, with the same result; under torch.compile the loop body
+is traced once (workarounds.bounded_loop) and an unbatched call stops early too.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from diffmj import math
 from diffmj.types import ConstraintState, Data, DisableBit, Model, SolverType
-from diffmj.workarounds import all_true
+from diffmj.workarounds import bounded_loop
 
 
 class Problem(NamedTuple):
@@ -181,7 +182,7 @@ def _gauss_quadratic(p: Problem, qacc: Tensor, search: Tensor) -> Tensor:
     return torch.stack((torch.zeros_like(q1), q1, q2))
 
 
-def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor, iterations: int):
+def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor, iterations: int, unroll: bool):
     """Exact line search along ``search``; returns (alpha, cost improvement).
 
     Without elliptic cones the 1-D cost is a convex piecewise quadratic: its
@@ -192,7 +193,7 @@ def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Te
     Jv = p.J @ search
     quad_gauss = _gauss_quadratic(p, qacc, search)
     if p.cones:
-        alpha = _newton_search(p, jar, Jv, quad_gauss, gtol, iterations)
+        alpha = _newton_search(p, jar, Jv, quad_gauss, gtol, iterations, unroll)
     else:
         alpha = _breakpoint_search(p, jar, Jv, quad_gauss)
     improvement = -_cost_change(p, jar, Jv, quad_gauss, alpha)
@@ -237,16 +238,18 @@ def _cost_change(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, alpha:
     return change.sum(-1) + change_cones + alpha * quad_gauss[1] + alpha * alpha * quad_gauss[2]
 
 
-def _newton_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol: Tensor, iterations: int) -> Tensor:
+def _newton_search(
+    p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol: Tensor, iterations: int, unroll: bool
+) -> Tensor:
     """Newton steps on the derivative, kept inside the bracket [lo, hi] where it changes sign."""
     lo = torch.zeros_like(gtol)
     hi = torch.full_like(gtol, torch.inf)
     first = _line_eval(p, jar, Jv, quad_gauss, lo)
     alpha = -first.deriv / first.deriv2
     done = torch.zeros_like(gtol, dtype=torch.bool)
-    for _ in range(max(iterations - 1, 1)):
-        if all_true(done):  # done elements are frozen: stopping changes nothing
-            break
+
+    def iterate(carry):
+        done, lo, hi, alpha = carry
         ev = _line_eval(p, jar, Jv, quad_gauss, alpha)
         done = done | (ev.deriv.abs() < gtol)
         lo = torch.where(done | (ev.deriv >= 0), lo, alpha)
@@ -256,8 +259,9 @@ def _newton_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol
         bisect = torch.where(torch.isinf(hi), newton, 0.5 * (lo + torch.where(torch.isinf(hi), lo, hi)))
         new_alpha = torch.where(inside, newton, bisect)
         done = done | (new_alpha == alpha)  # converged to rounding
-        alpha = torch.where(done, alpha, new_alpha)
-    return alpha
+        return done, lo, hi, torch.where(done, alpha, new_alpha)
+
+    return bounded_loop(iterate, (done, lo, hi, alpha), max(iterations - 1, 1), unroll)[3]
 
 
 def _row_slopes(p: Problem, jar: Tensor, Jv: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -442,8 +446,12 @@ def hessian_factor(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
     return math.cholesky(_hessian(p, upd))
 
 
-def solve_qacc(settings: Settings, x: Inputs) -> Tensor:
-    """The constrained acceleration: MuJoCo's Newton or CG iterations from the warm start. [nv]"""
+def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False) -> Tensor:
+    """The constrained acceleration: MuJoCo's Newton or CG iterations from the warm start. [nv]
+
+    unroll: the iterations are to be differentiated through (BackwardMode.UNROLL), so they run
+    as a Python loop even under torch.compile (see workarounds.bounded_loop).
+    """
     p = problem(settings, x)
     newton = settings.newton
     tol = x.tolerance
@@ -468,13 +476,12 @@ def solve_qacc(settings: Settings, x: Inputs) -> Tensor:
     mgrad = direction(upd, grad)
     if newton:
         done = done | (grad_ok & (torch.clamp(0.5 * scale * (grad * mgrad).sum(-1), min=0) < tol))
-    search = -mgrad
-    for _ in range(settings.iterations):
-        if all_true(done):  # done elements are frozen: stopping changes nothing
-            break
+
+    def iterate(carry):
+        done, qacc, jar, grad, mgrad, search = carry
         snorm = math.safe_norm(search)
         gtol = tol * x.ls_tolerance * snorm / scale
-        alpha, improvement = _line_search(p, qacc, jar, search, gtol, settings.ls_iterations)
+        alpha, improvement = _line_search(p, qacc, jar, search, gtol, settings.ls_iterations, unroll)
         stalled = (alpha == 0) | (snorm < math.MINVAL)
         new_qacc = qacc + alpha * search
         new_jar, new_grad, new_upd = evaluate(new_qacc)
@@ -485,13 +492,17 @@ def solve_qacc(settings: Settings, x: Inputs) -> Tensor:
         if newton:
             converged = converged | (torch.clamp(0.5 * scale * (new_grad * new_mgrad).sum(-1), min=0) < tol)
         keep = done | stalled
-        qacc = torch.where(keep, qacc, new_qacc)
-        jar = torch.where(keep, jar, new_jar)
-        grad = torch.where(keep, grad, new_grad)
-        mgrad = torch.where(keep, mgrad, new_mgrad)
-        search = torch.where(keep, search, new_search)
-        done = keep | converged
-    return qacc
+        return (
+            keep | converged,
+            torch.where(keep, qacc, new_qacc),
+            torch.where(keep, jar, new_jar),
+            torch.where(keep, grad, new_grad),
+            torch.where(keep, mgrad, new_mgrad),
+            torch.where(keep, search, new_search),
+        )
+
+    carry = (done, qacc, jar, grad, mgrad, -mgrad)
+    return bounded_loop(iterate, carry, settings.iterations, unroll)[1]
 
 
 def finish(settings: Settings, x: Inputs, qacc: Tensor, d: Data) -> Data:
@@ -509,7 +520,7 @@ def finish(settings: Settings, x: Inputs, qacc: Tensor, d: Data) -> Data:
 def solve(m: Model, d: Data) -> Data:
     """Solve for qacc, differentiating through the iterations (BackwardMode.UNROLL)."""
     settings, inputs = settings_and_inputs(m, d)
-    return finish(settings, inputs, solve_qacc(settings, inputs), d)
+    return finish(settings, inputs, solve_qacc(settings, inputs, unroll=True), d)
 
 
 def _hager_zhang(search: Tensor, grad: Tensor, mgrad: Tensor, new_grad: Tensor, new_mgrad: Tensor) -> Tensor:

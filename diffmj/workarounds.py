@@ -10,12 +10,20 @@ plain code would.
   written so that no ``index_add`` reaches inductor's CPU code (pytorch/pytorch#191837).
 * ``transform_active`` / ``all_true``: functorch's wrappers, read in eager mode only,
   for which no public API exists.
+* ``bounded_loop``: a loop whose body Dynamo traces once (torch._higher_order_ops'
+  while_loop / scan), so compile time does not grow with the iteration count.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
+from torch._C._functorch import TransformType
+from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+from torch._higher_order_ops.scan import scan
+from torch._higher_order_ops.while_loop import while_loop
 
 from diffmj.types import Data
 
@@ -96,3 +104,52 @@ def all_true(done: Tensor) -> bool:
     while torch._C._functorch.is_functorch_wrapped_tensor(done):
         done = torch._C._functorch.get_unwrapped(done)
     return bool(done.all())
+
+
+def _only_vmap_active() -> bool:
+    """Whether every active functorch transform is vmap (none is grad or jvp), readable under Dynamo."""
+    if not torch._C._are_functorch_transforms_active():
+        return True
+    interpreter = retrieve_current_functorch_interpreter()
+    if interpreter.key() != TransformType.Vmap:
+        return False
+    with interpreter.lower():
+        return _only_vmap_active()
+
+
+def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, unroll: bool = False) -> tuple:
+    """carry = body(carry) at most ``iterations`` times, stopping once carry[0] (a bool ``done``) holds.
+
+    ``body`` must freeze done elements (torch.where), so stopping early or not gives the same
+    carry. Eager, and wherever ``unroll`` (differentiating through the iterations), a Python
+    loop that stops when all_true(done). Under torch.compile Dynamo would unroll that loop, so
+    compile time would grow with ``iterations``; the body is traced once instead:
+
+    * no functorch transform: ``while_loop``, which stops when done;
+    * only vmap: ``scan`` for the full count (2.13's while_loop has no vmap rule); the carry's
+      initial values must be batched like the body's outputs;
+    * grad / jvp transforms: the Python loop (2.13's scan and while_loop fail under them:
+      "Expected FakeTensor, got <class 'torch.Tensor'>").
+    """
+    compiling = torch.compiler.is_compiling()
+    if unroll or not compiling or not _only_vmap_active():
+        for _ in range(iterations):
+            if all_true(carry[0]):  # done elements are frozen: stopping changes nothing
+                break
+            carry = body(carry)
+        return carry
+    if not torch._C._are_functorch_transforms_active():
+        count = torch.zeros((), dtype=torch.int64, device=carry[0].device)
+
+        def cond(i, *c):
+            return (i < iterations) & ~c[0]
+
+        def step(i, *c):
+            return (i + 1, *body(c))
+
+        return tuple(while_loop(cond, step, (count, *carry))[1:])
+
+    def scan_step(c, _):
+        return tuple(body(c)), c[0].new_zeros(())  # scan needs an output per step: a dummy
+
+    return tuple(scan(scan_step, tuple(carry), torch.arange(iterations, device=carry[0].device))[0])

@@ -203,3 +203,48 @@ def test_compiled_vmap_step_humanoid():
         assert_close(name, getattr(out, name), getattr(eager, name), TOL["batch"])
     torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True, backend=counter)(m, batch)
     assert counter.frame_count == 1
+
+
+def _compile_recording_ops(fn, ops: set):
+    """torch.compile(fn, fullgraph=True) with aot_eager, noting the ops of Dynamo's graph."""
+
+    def backend(gm, example_inputs):
+        ops.update(node.target for node in gm.graph.nodes if node.op == "call_function")
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    return torch.compile(fn, fullgraph=True, backend=backend)
+
+
+@pytest.mark.parametrize("iterations", [1, 10])
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "vmap"])
+def test_compiled_solver_loop_is_traced_once(iterations, batched):
+    """Under compile the solver's loop is one while_loop (unbatched) or scan (vmap), not unrolled,
+    and gives eager's result to the bit (tolerance 0: every iteration runs)."""
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=iterations))
+    mjm.opt.tolerance = 0.0
+    m = diffmj.put_model(mjm)
+    batch = torch.stack([diffmj.put_data(m, settled_state(mjm, n, seed=n)) for n in (20, 40, 60)])
+    fn, d = (torch.vmap(diffmj.step, in_dims=(None, 0)), batch) if batched else (diffmj.step, batch[1])
+    ops = set()
+    torch._dynamo.reset()
+    out = _compile_recording_ops(fn, ops)(m, d)
+    eager = fn(m, d)
+    assert bool(eager.efc_active.any())
+    assert (torch.ops.higher_order.scan if batched else torch.ops.higher_order.while_loop) in ops
+    for name in ("qpos", "qvel", "qacc", "efc_force"):
+        assert torch.equal(getattr(out, name), getattr(eager, name)), name
+
+
+def test_compiled_early_exit_equals_fixed_count():
+    """An unbatched compiled step stops when converged (while_loop): the same as eager's early stop,
+    and as the batched scan's full count with converged elements frozen (to batched rounding)."""
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=100))
+    mjm.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC  # the line search's own loop too
+    m = diffmj.put_model(mjm)
+    batch = torch.stack([diffmj.put_data(m, settled_state(mjm, n, seed=n)) for n in (20, 40)])
+    torch._dynamo.reset()
+    early = _compile_recording_ops(diffmj.step, set())(m, batch[1])
+    fixed = _compile_recording_ops(torch.vmap(diffmj.step, in_dims=(None, 0)), set())(m, batch)
+    for name in ("qpos", "qvel", "qacc", "efc_force"):
+        assert_close(name, getattr(early, name), getattr(fixed[1], name), 1e-12)
+        assert torch.equal(getattr(early, name), getattr(diffmj.step(m, batch[1]), name)), name
