@@ -229,7 +229,7 @@ def test_bad_input_is_refused():
     nominal = torch.zeros(4, m.nu, dtype=m.dtype)
     with pytest.raises(ValueError, match="spline must be"):
         optim.predictive_sampling(m, d, nominal, cost, spline="quadratic")
-    with pytest.raises(ValueError, match="nominal must be knots"):
+    with pytest.raises(ValueError, match="nominal knots must be"):
         optim.mppi(m, d, torch.zeros(4, 3, dtype=m.dtype), cost)
     with pytest.raises(ValueError, match="float32"):
         optim.cem(m, d, nominal.float(), cost)

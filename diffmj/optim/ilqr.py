@@ -32,6 +32,7 @@ from torch import Tensor
 
 from diffmj import BackwardMode, Data, Model, differentiate_pos, get_data_into, grad, step
 from diffmj.optim.cost import Cost, CostDerivatives, cost_derivatives, trajectory_cost
+from diffmj.optim.validate import check_start
 
 
 class ILQRResult(NamedTuple):
@@ -186,13 +187,7 @@ def ilqr(
     backward_mode: how ``transition_jacobians`` differentiates the constraint solver.
     """
     start = time.perf_counter()
-    if not isinstance(d, Data) or d.batch_dims:
-        raise ValueError("d must be one unbatched diffmj.Data (the initial state)")
-    if not isinstance(ctrl, Tensor) or ctrl.dim() != 2 or ctrl.shape[1] != m.nu or ctrl.shape[0] < 1:
-        shape = tuple(ctrl.shape) if isinstance(ctrl, Tensor) else type(ctrl).__name__
-        raise ValueError(f"ctrl must be a tensor [T >= 1, nu={m.nu}], got {shape}")
-    if ctrl.dtype != m.dtype or d.qpos.dtype != m.dtype:
-        raise ValueError(f"ctrl is {ctrl.dtype} and d is {d.qpos.dtype}, the model is {m.dtype}")
+    check_start(m, d, ctrl, "ctrl")
     if max_iterations < 0 or not alphas or regularization < 0 or regularization_factor <= 1:
         raise ValueError("need max_iterations >= 0, some alphas, regularization >= 0 and regularization_factor > 1")
     if fd_model is not None and (fd_model.nv, fd_model.nq, fd_model.na, fd_model.nu) != (m.nv, m.nq, m.na, m.nu):

@@ -29,6 +29,7 @@ from torch import Tensor
 from diffmj import Data, Model, State, get_state, rollout, set_state
 from diffmj.optim.cost import Cost, trajectory_cost
 from diffmj.optim.spline import SPLINES, spline_ctrl
+from diffmj.optim.validate import check_start
 
 
 class SamplingResult(NamedTuple):
@@ -118,13 +119,7 @@ def _plan(m: Model, d: Data, nominal: Tensor, cost: Cost, update: _Update, num_s
           mj_model: mujoco.MjModel | None, threads: int) -> SamplingResult:
     """The loop the three planners share: sample around the nominal, roll out, score, update."""
     start = time.perf_counter()
-    if not isinstance(d, Data) or d.batch_dims:
-        raise ValueError("d must be one unbatched diffmj.Data (the initial state)")
-    if not isinstance(nominal, Tensor) or nominal.dim() != 2 or nominal.shape[1] != m.nu or nominal.shape[0] < 1:
-        shape = tuple(nominal.shape) if isinstance(nominal, Tensor) else type(nominal).__name__
-        raise ValueError(f"nominal must be knots [K >= 1, nu={m.nu}], got {shape}")
-    if nominal.dtype != m.dtype or d.qpos.dtype != m.dtype:
-        raise ValueError(f"nominal is {nominal.dtype} and d is {d.qpos.dtype}, the model is {m.dtype}")
+    check_start(m, d, nominal, "nominal knots")
     if not isinstance(cost, Cost):
         raise ValueError(f"cost must be a diffmj.optim.Cost, got {type(cost).__name__}")
     if spline not in SPLINES:
