@@ -29,6 +29,8 @@ from diffmj.types import (
     COMPUTED_FIELDS,
     INPUT_FIELDS,
     STATE_FIELDS,
+    SUPPORTED_INTEGRATORS,
+    SUPPORTED_SOLVERS,
     BackwardMode,
     BiasType,
     ConeType,
@@ -50,8 +52,6 @@ from diffmj.types import (
     WrapType,
 )
 
-_SUPPORTED_INTEGRATORS = (
-    IntegratorType.EULER, IntegratorType.RK4, IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST)
 _SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE)
 _SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT)
 _SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE)
@@ -71,7 +71,7 @@ def _refuse(what: str) -> None:
 def check_supported(mjm: mujoco.MjModel) -> None:
     """Raise NotImplementedError naming the first unsupported feature of ``mjm``."""
     opt = mjm.opt
-    if opt.integrator not in _SUPPORTED_INTEGRATORS:
+    if opt.integrator not in SUPPORTED_INTEGRATORS:
         _refuse(f"option integrator '{IntegratorType(opt.integrator).name.lower()}'")
     if opt.enableflags & EnableBit.SLEEP:
         _refuse("option flag 'sleep'")
@@ -90,8 +90,8 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         if count:
             _refuse(feature)
     _check_sensors(mjm)
-    if opt.solver == SolverType.PGS:
-        _refuse("option solver 'PGS' (use Newton or CG)")
+    if opt.solver not in SUPPORTED_SOLVERS:
+        _refuse(f"option solver '{SolverType(opt.solver).name}' (use Newton or CG)")
     for flag, name in ((EnableBit.DIAGEXACT, "diagexact"), (EnableBit.SPECULATIVE, "speculative")):
         if opt.enableflags & flag:
             _refuse(f"option flag '{name}'")
@@ -439,7 +439,6 @@ def get_data_into(mjd: mujoco.MjData, mjm: mujoco.MjModel, d: Data) -> None:
         else:
             target = getattr(mjd, name)
             target[...] = value.reshape(target.shape)
-    mjd.eq_active[:] = d.eq_active.detach().cpu().numpy()
 
 
 def get_data(mjm: mujoco.MjModel, d: Data) -> mujoco.MjData | list[mujoco.MjData]:

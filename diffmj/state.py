@@ -87,7 +87,7 @@ def set_state(m: Model, d: Data, state: Tensor, spec: int) -> Data:
     """
     batch = tuple(d.batch_size)
     components = _components(m, spec)
-    size = sum(torch.Size(shape).numel() for _, shape in components)
+    size = state_size(m, spec)
     if not isinstance(state, Tensor) or state.shape != (*batch, size):
         shape = tuple(state.shape) if isinstance(state, Tensor) else type(state).__name__
         raise ValueError(f"state must be a tensor of shape {(*batch, size)} (Data batch shape, state size); "

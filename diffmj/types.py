@@ -113,8 +113,9 @@ _PLANNED_DISABLE_BITS = (
     | DisableBit.CONTACT | DisableBit.FILTERPARENT | DisableBit.NATIVECCD | DisableBit.MULTICCD
 )
 _RUNTIME_ENABLE_BITS = EnableBit.OVERRIDE
-_RUNTIME_INTEGRATORS = (IntegratorType.EULER, IntegratorType.RK4, IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST)
-_RUNTIME_SOLVERS = (SolverType.CG, SolverType.NEWTON)
+# what diffmj runs (put_model refuses the others too)
+SUPPORTED_INTEGRATORS = (IntegratorType.EULER, IntegratorType.RK4, IntegratorType.IMPLICIT, IntegratorType.IMPLICITFAST)
+SUPPORTED_SOLVERS = (SolverType.CG, SolverType.NEWTON)
 
 
 def check_option_change(old: Option, new: Option) -> None:
@@ -132,9 +133,9 @@ def check_option_change(old: Option, new: Option) -> None:
     if other:
         names = ", ".join(f.name.lower() for f in EnableBit if f & other)
         raise ValueError(f"opt.enableflags ({names}): only 'override' can change on a loaded model; {again}")
-    if new.integrator not in _RUNTIME_INTEGRATORS:
+    if new.integrator not in SUPPORTED_INTEGRATORS:
         raise ValueError(f"opt.integrator {new.integrator!r} is not supported by diffmj")
-    if new.solver not in _RUNTIME_SOLVERS:
+    if new.solver not in SUPPORTED_SOLVERS:
         raise ValueError(f"opt.solver {new.solver!r} is not supported by diffmj (use Newton or CG)")
     if new.iterations < 0 or new.ls_iterations < 0:
         raise ValueError("opt.iterations and opt.ls_iterations must not be negative")

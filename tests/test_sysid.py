@@ -95,7 +95,8 @@ def test_confidence_intervals_follow_the_formula(spring_fit):
     # the half-widths in x (log for the mass), which are ~1e-11 here: compare them, not the endpoints
     low = np.array([result.confidence[p.label][0].item() for p in SPRING_PARAMS])
     got = result.x.numpy() - np.array([math.log(low[0]), low[1], low[2]])
-    np.testing.assert_allclose(got, half, rtol=1e-3)  # the endpoints round at 1e-16 |x|: 1e-5 of a half-width
+    # the endpoints round at 1e-16 |x|, about 1e-5 of a half-width (measured 5e-5)
+    np.testing.assert_allclose(got, half, rtol=1e-3)
 
 
 def test_jacobian_equals_central_differences_forward_and_reverse():
@@ -200,8 +201,8 @@ def test_float32():
     m = _spring(dtype=torch.float32, mass=1.0, damping=0.1)
     result = sysid.fit(m, params, data, gtol=1e-7)
     assert result.x.dtype == torch.float32 and result.jacobian.dtype == torch.float32
-    # float32 rounding of a 20-step rollout (~1e-6 relative) limits the recovery
-    np.testing.assert_allclose([result.params[p.label].item() for p in params], [TRUE["mass"], TRUE["damping"]], rtol=1e-3)
+    # float32 rounding of a 20-step rollout (~1e-6 relative) limits the recovery (measured 4.6e-6)
+    np.testing.assert_allclose([result.params[p.label].item() for p in params], [TRUE["mass"], TRUE["damping"]], rtol=1e-4)
 
 
 def test_bad_input_raises_value_error():
