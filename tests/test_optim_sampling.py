@@ -224,6 +224,27 @@ def test_mpc_takes_any_planner():
     assert result.ctrl.abs().max() > 0
 
 
+def test_mpc_policy_carries_the_warm_start():
+    """MPCPolicy, torchrl-style: each call plans from the last plan shifted, returns its first control;
+    reset() goes back to the first nominal."""
+    mjm, m, d, cost, _, _ = _reach()
+    nominals = []
+
+    def planner(d, nominal):
+        nominals.append(nominal)
+        return optim.ILQRResult(nominal + 1, None, None, nominal.sum(), None, 0, False, 0.0, 0.0)
+
+    start = torch.arange(6, dtype=m.dtype).reshape(3, m.nu)
+    policy = optim.MPCPolicy(planner, start)
+    first, second = policy(d), policy(d)
+    torch.testing.assert_close(first, start[0] + 1, rtol=0, atol=0)
+    torch.testing.assert_close(nominals[1], optim.shift_ctrl(optim.ILQRResult(start + 1, *[None] * 8)), rtol=0, atol=0)
+    torch.testing.assert_close(second, start[1] + 2, rtol=0, atol=0)
+    policy.reset()
+    torch.testing.assert_close(policy(d), first, rtol=0, atol=0)
+    torch.testing.assert_close(nominals[2], start, rtol=0, atol=0)
+
+
 def test_bad_input_is_refused():
     mjm, m, d, cost, _, _ = _reach()
     nominal = torch.zeros(4, m.nu, dtype=m.dtype)

@@ -18,7 +18,7 @@ from diffmj.optim.cost import (
 )
 from diffmj.optim import sysid
 from diffmj.optim.ilqr import BackwardPass, ILQRResult, IterationInfo, backward_pass, ilqr
-from diffmj.optim.mpc import MPCResult, mpc, shift_ctrl
+from diffmj.optim.mpc import MPCPolicy, MPCResult, mpc, shift_ctrl
 from diffmj.optim.sampling import SamplingResult, cem, mppi, predictive_sampling, rollout_costs, rollout_mujoco
 from diffmj.optim.spline import SPLINES, interpolate, knot_times, shift_knots, spline_ctrl
 
@@ -30,6 +30,7 @@ __all__ = [
     "CostDerivatives",
     "ILQRResult",
     "IterationInfo",
+    "MPCPolicy",
     "MPCResult",
     "Quadratic",
     "SPLINES",
