@@ -104,6 +104,50 @@ def test_batched_rollout():
     assert_close("vmap over model parameters", heights[1], final_height(masses[1]), TOL["batch"])
 
 
+def test_observed_rollout_equals_the_full_trajectory():
+    """observe= keeps only some fields (by name, or a function of each step's Data), batched or not; values
+    and gradients (full tape and checkpointed) equal those taken from the full trajectory."""
+    m, d = _setup("hopper")
+    ctrl = _controls(m, 10)
+    datas = torch.stack([d, diffmj.step(m, d)])
+    full = diffmj.rollout(m, datas, ctrl)
+    kept = diffmj.rollout(m, datas, ctrl, observe=("qpos", "xpos"))
+    assert set(kept) == {"qpos", "xpos"} and kept["qpos"].shape == (2, 10, m.nq)
+    assert_close("qpos", kept["qpos"], full.qpos, 0.0)
+    assert_close("xpos", kept["xpos"], full.xpos, 0.0)
+    state = diffmj.rollout(m, d, ctrl, observe=lambda m, d: diffmj.get_state(m, d, diffmj.State.PHYSICS))
+    assert_close("get_state", state, diffmj.get_state(m, full[0], diffmj.State.PHYSICS), 0.0)
+
+    def height_loss(observe, checkpoint):
+        def loss(ctrl, mass):
+            traj = diffmj.rollout(m.replace(body_mass=mass), d, ctrl, checkpoint=checkpoint, observe=observe)
+            qpos, qvel = (traj.qpos, traj.qvel) if observe is None else (traj["qpos"], traj["qvel"])
+            return (qpos[:, 1] ** 2).sum() + qvel[-1].sum()
+        return torch.func.grad(loss, argnums=(0, 1))(ctrl, m.body_mass)
+
+    expected = height_loss(None, None)
+    for checkpoint in (None, 3, "auto"):
+        for key, got, want in zip(("ctrl", "body_mass"), height_loss(("qpos", "qvel"), checkpoint), expected):
+            assert_close(f"{key} gradient (checkpoint={checkpoint})", got, want, TOL["batch"])
+
+
+def test_observed_rollout_keeps_only_what_it_observes():
+    m, d = _setup("hopper")
+    ctrl = _controls(m, 16)
+    full = diffmj.rollout(m, d, ctrl)
+    kept = diffmj.rollout(m, d, ctrl, observe=("qpos", "qvel", "act", "sensordata"))
+
+    def nbytes(tree):
+        return sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(tree))
+
+    assert nbytes(kept) == 16 * 8 * (m.nq + m.nv + m.na + m.nsensordata)
+    assert nbytes(full) > 20 * nbytes(kept)
+    with pytest.raises(ValueError, match="does not have"):
+        diffmj.rollout(m, d, ctrl, observe=("qpos", "qfoo"))
+    with pytest.raises(ValueError, match="sequence of Data field names"):
+        diffmj.rollout(m, d, ctrl, observe="qpos")
+
+
 def test_checkpoint_memory_grows_like_sqrt_horizon():
     m, d = _setup("hopper")
     saved = {}

@@ -15,7 +15,7 @@ rule) over flat tensors, so it composes with ``torch.func.grad`` / ``vjp`` /
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -29,6 +29,9 @@ from diffmj.workarounds import transform_active
 # Data fields a step reads besides the state it advances: the inputs it holds constant (ctrl comes per step)
 HELD_INPUTS = tuple(f for f in INPUT_FIELDS if f != "ctrl")
 
+# observe(m, d) -> what a rollout keeps of each step's Data: a pytree of tensors; None keeps the Data
+Observe = Callable[[Model, Data], Any] | None
+
 
 class Layout(NamedTuple):
     """Static description of the flat argument list of a checkpointed rollout."""
@@ -39,15 +42,24 @@ class Layout(NamedTuple):
     segment: int  # steps per segment
     horizon: int  # T
     mode: BackwardMode  # how each step's solver is differentiated
+    observe: Observe  # what each step keeps
 
 
-def run_steps(m: Model, d: Data, ctrl: Tensor, mode: BackwardMode) -> tuple[Data, Data]:
-    """Step an unbatched d through ctrl [T, nu]; returns (trajectory with batch [T], last Data)."""
+def join(parts: list, op: Callable) -> Any:
+    """Stack or concatenate (op: torch.stack / torch.cat) a list of Data or of equal pytrees of tensors."""
+    if isinstance(parts[0], Data):
+        return op(parts)
+    return pytree.tree_map(lambda *leaves: op(leaves), *parts)
+
+
+def run_steps(m: Model, d: Data, ctrl: Tensor, mode: BackwardMode, observe: Observe = None) -> tuple[Any, Data]:
+    """Step an unbatched d through ctrl [T, nu]; returns (the observations stacked over [T]: a Data of
+    batch [T] when observe is None, and the last Data)."""
     outs = []
     for t in range(ctrl.shape[0]):
         d = step_unbatched(m, d.replace(ctrl=ctrl[t]), mode)
-        outs.append(d)
-    return torch.stack(outs), d
+        outs.append(d if observe is None else observe(m, d))
+    return join(outs, torch.stack), d
 
 
 def _initial(m: Model, inputs, state) -> Data:
@@ -57,7 +69,8 @@ def _initial(m: Model, inputs, state) -> Data:
 
 
 class CheckpointedRollout(torch.autograd.Function):
-    """(model leaves, inputs, state, ctrl) -> flattened trajectory, with segment recomputation."""
+    """(model leaves, inputs, state, ctrl) -> (flattened observations, last state, segment boundaries), with
+    segment recomputation."""
 
     generate_vmap_rule = True
 
@@ -68,10 +81,11 @@ class CheckpointedRollout(torch.autograd.Function):
         outs, boundaries = [], []
         for start in range(0, layout.horizon, layout.segment):
             boundaries.extend(getattr(d, name).clone() for name in STATE_FIELDS)
-            traj, d = run_steps(m, d, ctrl[start : start + layout.segment], layout.mode)
+            traj, d = run_steps(m, d, ctrl[start : start + layout.segment], layout.mode, layout.observe)
             outs.append(traj)
-        leaves = pytree.tree_flatten(torch.cat(outs))[0]
-        return (*leaves, *boundaries)
+        leaves = pytree.tree_flatten(join(outs, torch.cat))[0]
+        # cloned: a field no step changes (act when na = 0) would be a saved input returned as-is
+        return (*leaves, *(getattr(d, name).clone() for name in STATE_FIELDS), *boundaries)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -91,8 +105,13 @@ class CheckpointedRollout(torch.autograd.Function):
         m_leaves = list(flat[: layout.n_model])
         inputs = list(flat[layout.n_model : layout.n_model + layout.n_input])
         ctrl = flat[-1]
-        float_out = [i for i in ctx.float_out if grad_outputs[i] is not None]
+        nstate = len(STATE_FIELDS)
+        n_obs = ctx.n_out - nstate
+        float_out = [i for i in ctx.float_out if i < n_obs and grad_outputs[i] is not None]
         grads_out = [grad_outputs[i] for i in float_out]
+        # the last state's cotangent starts the chain through the segments
+        g_state = [torch.zeros_like(t) if g is None else g
+                   for g, t in zip(grad_outputs[n_obs : ctx.n_out], boundaries[-nstate:])]
         # pull back only to what needs a gradient (the state always: it chains the segments)
         needs = ctx.needs_input_grad[1:]
         differentiable = [i for i, t in enumerate(m_leaves) if t.is_floating_point() and needs[i]]
@@ -106,12 +125,10 @@ class CheckpointedRollout(torch.autograd.Function):
             for i, t in zip(input_float, input_vals):
                 ins[i] = t
             m = pytree.tree_unflatten(leaves, layout.model_spec)
-            traj, last = run_steps(m, _initial(m, ins, state), ctrl_seg, layout.mode)
+            traj, last = run_steps(m, _initial(m, ins, state), ctrl_seg, layout.mode, layout.observe)
             leaves = pytree.tree_flatten(traj)[0]
             return [leaves[i] for i in float_out], [getattr(last, name) for name in STATE_FIELDS]
 
-        nstate = len(STATE_FIELDS)
-        g_state = None
         g_ctrl = torch.zeros_like(ctrl)
         g_model = [torch.zeros_like(m_leaves[i]) for i in differentiable]
         g_inputs = [torch.zeros_like(inputs[i]) for i in input_float]
@@ -120,7 +137,7 @@ class CheckpointedRollout(torch.autograd.Function):
             start = starts[k]
             stop = min(start + layout.segment, layout.horizon)
             state = [t for t in boundaries[k * nstate : (k + 1) * nstate]]
-            (outs, last), vjp = _vjp(
+            _, vjp = _vjp(
                 segment_fn,
                 state,
                 ctrl[start:stop],
@@ -128,9 +145,7 @@ class CheckpointedRollout(torch.autograd.Function):
                 [inputs[i] for i in input_float],
             )
             g_outs = [g[start:stop] for g in grads_out]
-            g_last = g_state if g_state is not None else [torch.zeros_like(t) for t in last]
-            g_in_state, g_ctrl_seg, g_model_seg, g_inputs_seg = vjp((g_outs, g_last))
-            g_state = g_in_state
+            g_state, g_ctrl_seg, g_model_seg, g_inputs_seg = vjp((g_outs, g_state))
             g_ctrl = torch.cat((g_ctrl[:start], g_ctrl_seg, g_ctrl[stop:]))
             g_model = [a + b for a, b in zip(g_model, g_model_seg)]
             g_inputs = [a + b for a, b in zip(g_inputs, g_inputs_seg)]
@@ -178,8 +193,10 @@ def _unpack(layout: Layout, flat):
     return m, inputs, state, flat[-1]
 
 
-def checkpointed_rollout(m: Model, d: Data, ctrl: Tensor, segment: int, mode: BackwardMode) -> Data:
-    """Trajectory of an unbatched d under ctrl [T, nu], recomputing segments of ``segment`` steps.
+def checkpointed_rollout(m: Model, d: Data, ctrl: Tensor, segment: int, mode: BackwardMode,
+                         observe: Observe = None) -> Any:
+    """The observations (as ``run_steps``) of an unbatched d under ctrl [T, nu], recomputing segments of
+    ``segment`` steps in the backward pass.
 
     The last segment keeps its tape (as torch.utils.checkpoint.checkpoint_sequential does): the
     backward pass needs it first, so recomputing it would only cost time.
@@ -187,18 +204,25 @@ def checkpointed_rollout(m: Model, d: Data, ctrl: Tensor, segment: int, mode: Ba
     horizon = ctrl.shape[0]
     tail = horizon - segment * ((horizon - 1) // segment)  # steps in the last segment
     if tail == horizon:
-        return run_steps(m, d, ctrl, mode)[0]
-    head = _checkpointed(m, d, ctrl[: horizon - tail], segment, mode)
-    last = d.replace(**{name: getattr(head, name)[-1] for name in STATE_FIELDS})
-    return torch.cat((head, run_steps(m, last, ctrl[horizon - tail :], mode)[0]))
+        return run_steps(m, d, ctrl, mode, observe)[0]
+    head, last = _checkpointed(m, d, ctrl[: horizon - tail], segment, mode, observe)
+    return join([head, run_steps(m, last, ctrl[horizon - tail :], mode, observe)[0]], torch.cat)
 
 
-def _checkpointed(m: Model, d: Data, ctrl: Tensor, segment: int, mode: BackwardMode) -> Data:
+def _checkpointed(m: Model, d: Data, ctrl: Tensor, segment: int, mode: BackwardMode,
+                  observe: Observe) -> tuple[Any, Data]:
+    """(The observations of the steps of ctrl [T, nu], the Data after the last step)."""
     horizon = ctrl.shape[0]
     m_leaves, model_spec = pytree.tree_flatten(m)
     layout = Layout(model_spec=model_spec, n_model=len(m_leaves), n_input=len(HELD_INPUTS),
-                    segment=segment, horizon=horizon, mode=mode)
+                    segment=segment, horizon=horizon, mode=mode, observe=observe)
     flat = (*m_leaves, *(getattr(d, n) for n in HELD_INPUTS), *(getattr(d, n) for n in STATE_FIELDS), ctrl)
     out = CheckpointedRollout.apply(layout, *flat)
-    spec = pytree.tree_flatten(make_data(m, (horizon,)))[1]
-    return pytree.tree_unflatten(list(out[: len(out) - _n_boundaries(layout)]), spec)
+    if observe is None:
+        spec = pytree.tree_flatten(make_data(m, (horizon,)))[1]
+    else:  # stacking keeps a pytree's structure; observe runs once more, on d, to learn it
+        with torch.no_grad():
+            spec = pytree.tree_flatten(observe(m, d))[1]
+    n_obs = len(out) - _n_boundaries(layout) - len(STATE_FIELDS)
+    last = d.replace(**dict(zip(STATE_FIELDS, out[n_obs : n_obs + len(STATE_FIELDS)])))
+    return pytree.tree_unflatten(list(out[:n_obs]), spec), last
