@@ -72,6 +72,13 @@ ANCHOR_ENVS = {
         note="same torch as diffmj; mujoco-torch 0.2.0 reads mjENBL_MULTICCD and mjENBL_SLEEP, "
         "both present only in MuJoCo 3.5 to 3.7",
     ),
+    "sysid": AnchorEnv(
+        name="sysid",
+        script="sysid.py",
+        requirements=("torch==2.13.0", "mujoco[sysid]==4.0.0", "-e", str(BENCH_DIR.parent)),
+        note="diffmj's torch and MuJoCo with the sysid extra (matplotlib, plotly, absl, ...), which diffmj's "
+        "venv does not carry; diffmj itself installed editable, so one process runs both sides",
+    ),
 }
 
 

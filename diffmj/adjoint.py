@@ -21,6 +21,8 @@ optimum so the value is unchanged) has exactly the derivative -H^-1 dr/dtheta.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
@@ -58,19 +60,32 @@ def _flat_like(x: Inputs, values: dict) -> list:
     return out
 
 
+@dataclass(frozen=True)
+class _Static:
+    """ImplicitSolve's non-tensor arguments as one pytree leaf.
+
+    Under vmap of jvp (``jacfwd`` of a batched rollout), torch 2.13's generated vmap rule
+    flattens a namedtuple argument (Settings) into its fields for the in_dims but passes one
+    tangent for it, and fails on the count; a dataclass is a single leaf to both.
+    """
+
+    settings: Settings
+    spec: pytree.TreeSpec
+
+
 class ImplicitSolve(torch.autograd.Function):
     """qacc = argmin of MuJoCo's constrained problem, with the implicit adjoint as its derivative."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(settings: Settings, spec, *flat: Tensor) -> Tensor:
-        return solve_qacc(settings, pytree.tree_unflatten(list(flat), spec))
+    def forward(static: _Static, *flat: Tensor) -> Tensor:
+        return solve_qacc(static.settings, pytree.tree_unflatten(list(flat), static.spec))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        settings, spec, *flat = inputs
-        ctx.settings, ctx.spec = settings, spec
+        static, *flat = inputs
+        ctx.settings, ctx.spec = static.settings, static.spec
         ctx.save_for_backward(output, *flat)
         ctx.save_for_forward(output, *flat)
 
@@ -82,10 +97,10 @@ class ImplicitSolve(torch.autograd.Function):
         names = residual_inputs(x)
         _, vjp = torch.func.vjp(_residual_of(settings, x, qacc), *(getattr(x, f) for f in names))
         grads = dict(zip(names, vjp(-lam)))
-        return (None, None, *_flat_like(x, grads))
+        return (None, *_flat_like(x, grads))
 
     @staticmethod
-    def jvp(ctx, _settings, _spec, *tangents: Tensor | None):
+    def jvp(ctx, _static, *tangents: Tensor | None):
         qacc, *flat = ctx.saved_tensors
         settings, x = ctx.settings, pytree.tree_unflatten(flat, ctx.spec)
         dx = pytree.tree_unflatten(list(tangents), ctx.spec)
@@ -120,7 +135,7 @@ def solve_implicit(m: Model, d: Data) -> Data:
         qacc = _implicit_by_correction(settings, inputs)
     else:
         flat, spec = pytree.tree_flatten(inputs)
-        qacc = ImplicitSolve.apply(settings, spec, *flat)
+        qacc = ImplicitSolve.apply(_Static(settings, spec), *flat)
     return finish(settings, inputs, qacc, d)
 
 

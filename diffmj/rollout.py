@@ -71,7 +71,7 @@ def rollout(
     if not batch:
         return single(d, ctrl)
     d = d.expand(batch).reshape(-1)
-    ctrl = ctrl.expand(*batch, *ctrl.shape[-2:]).reshape(-1, *ctrl.shape[-2:])
+    ctrl = ctrl.expand(*batch, *ctrl.shape[-2:]).reshape(batch.numel(), *ctrl.shape[-2:])  # not -1: nu may be 0
     traj = torch.vmap(single)(d, ctrl)
     if observe is None:
         return traj.reshape(*batch, horizon)

@@ -38,6 +38,17 @@ PENDULUM = """
     <geom type="capsule" fromto="0 0 0 0 0 -.5" size=".02" mass="1" contype="0" conaffinity="0"/></body></worldbody>
 </mujoco>"""
 
+# A free box sliding on a plane: its sliding friction acts only through the contact. The floor's
+# friction is lower, so the contact takes the box's (MuJoCo mixes geom frictions by max). The solver
+# runs to roundoff (tolerance 1e-14) so that finite differences of the residual see the dynamics, not
+# where the solver happened to stop.
+SLIDING_BOX = """
+<mujoco><option timestep="0.02" tolerance="1e-14" iterations="100"/>
+  <worldbody><geom name="floor" type="plane" size="2 2 .1" friction="0.1"/>
+    <body name="box" pos="0 0 0.1"><freejoint/>
+      <geom name="box" type="box" size=".1 .1 .1" mass="1" friction="{friction} 0.005 0.0001"/></body>
+  </worldbody></mujoco>"""
+
 # recovered from noiseless data: LM stops at its tolerances with the residual at roundoff
 RECOVERED = 1e-6
 
@@ -239,3 +250,51 @@ def test_bad_input_raises_value_error():
         sysid.jacobian(m, damping, data, x, mode="central")
     with pytest.raises(ValueError, match="x must have shape"):
         sysid.residual(m, damping, data, torch.zeros(2, dtype=torch.float64))
+
+
+SLIDING_FRICTION = [sysid.Parameter("geom_friction", "box", index=0, initial=0.3)]
+
+
+def _sliding_box_recording(friction: float, horizon: int = 6) -> sysid.Recording:
+    """MuJoCo C's qpos / qvel of two throws of the box (no actuators), the second one spinning."""
+    mjm = mujoco.MjModel.from_xml_string(SLIDING_BOX.format(friction=friction))
+    qvel0 = np.array([[2.0, 0, 0, 0, 0, 0], [1.0, 1.0, 0, 0, 0, 0.5]])
+    qpos, qvel = np.zeros((2, horizon, mjm.nq)), np.zeros((2, horizon, mjm.nv))
+    for b in range(2):
+        mjd = mujoco.MjData(mjm)
+        mjd.qvel[:] = qvel0[b]
+        for t in range(horizon):
+            mujoco.mj_step(mjm, mjd)
+            qpos[b, t], qvel[b, t] = mjd.qpos, mjd.qvel
+    m = diffmj.put_model(mjm)
+    d0 = diffmj.make_data(m, batch_shape=(2,)).replace(qvel=torch.tensor(qvel0))
+    return sysid.Recording(d0, torch.zeros(2, horizon, 0, dtype=m.dtype), qpos=torch.tensor(qpos),
+                           qvel=torch.tensor(qvel))
+
+
+def test_contact_jacobian_equals_central_differences():
+    """The Jacobian through the contacts' solver (the implicit adjoint's jvp under vmap: two sequences;
+    no actuators)."""
+    m = diffmj.put_model(mujoco.MjModel.from_xml_string(SLIDING_BOX.format(friction=0.3)))
+    data = _sliding_box_recording(0.5)
+    x = sysid.initial_vector(m, SLIDING_FRICTION)
+    J = sysid.jacobian(m, SLIDING_FRICTION, data, x)
+    eps = 1e-6
+    plus, minus = (sysid.residual(m, SLIDING_FRICTION, data, x + e) for e in (eps, -eps))
+    # central differences: truncation eps^2 |r'''| plus rounding ~1e-16 |r| / eps, both < 1e-9 here
+    np.testing.assert_allclose(J[:, 0].numpy(), ((plus - minus) / (2 * eps)).numpy(), rtol=0, atol=1e-8)
+    assert J.abs().max() > 1  # the friction is seen: the comparison means something
+
+
+def test_sliding_friction_recovered_through_contacts():
+    """From MuJoCo C's recording with friction 0.5 (the floor's is 0.1), starting at 0.3."""
+    m = diffmj.put_model(mujoco.MjModel.from_xml_string(SLIDING_BOX.format(friction=0.3)))  # a wrong model
+    data = _sliding_box_recording(0.5)
+    result = sysid.fit(m, SLIDING_FRICTION, data)
+    assert result.converged, result.status
+    assert abs(result.params["geom_friction[box][0]"].item() - 0.5) <= RECOVERED * 0.5
+    # at the generating friction |r| is 4e-14 (diffmj follows MuJoCo C through the contacts to roundoff);
+    # LM stops once a step is below xtol (1e-10 relative), here with |r| 1.6e-10 left
+    truth = sysid.residual(m, SLIDING_FRICTION, data, torch.tensor([0.5], dtype=m.dtype))
+    assert truth.abs().max() < 1e-12
+    assert result.cost < 1e-18 and result.status == "step"

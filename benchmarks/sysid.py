@@ -1,0 +1,456 @@
+"""System identification: mujoco.sysid against diffmj's exact Jacobians, same recordings, one process.
+
+Run in the ``sysid`` anchor's venv (``python benchmarks/setup_anchors.py sysid``: torch, MuJoCo
+with its sysid extra, and this checkout of diffmj), from the repository root:
+
+    benchmarks/.venvs/sysid/bin/python benchmarks/sysid.py                 # every problem
+    benchmarks/.venvs/sysid/bin/python benchmarks/sysid.py --problems spring_mass arm
+
+Each problem is recorded once in MuJoCo C (``mujoco.rollout`` from one initial state, as
+mujoco.sysid's tests generate their data), split into chunks of ``chunk_steps`` steps with
+mujoco.sysid's ``SystemTrajectory.split`` (each chunk starts from the recorded state), and the
+same parameters are fitted from the same initial guess within the same bounds by
+
+- ``mujoco.sysid``: ``sysid.optimize(..., optimizer="mujoco")`` on ``build_residual_fn`` of a
+  ``ModelSequences`` holding the chunks, as its own tests call it (``mujoco.minimize`` on
+  finite-difference Jacobians; every residual recompiles the model from its MjSpec);
+- ``diffmj.optim.sysid.fit``: Levenberg-Marquardt on exact (forward-mode) Jacobians, the chunks
+  one batched recording;
+- ``mujoco.minimize.least_squares`` given diffmj's residual and exact Jacobian
+  (``sysid.least_squares_functions``).
+
+diffmj's residual is weighted like mujoco.sysid's (``normalize_residual``: each signal of each
+chunk divided by its measured norm / sqrt 2), so all three minimise the same cost; the run checks
+that the residuals agree at the initial guess. diffmj's model is the XML compiled at the initial
+guess, its parameters then set by ``diffmj.set_param`` (which, unlike recompiling, keeps the
+compile-time ``*_invweight0``; see the README).
+
+The problems: three from mujoco.sysid's own tests (XML read from the installed package's test
+files, so they are the same text) and a bouncing ball of ours, where every datum comes through
+contact. Prints a markdown table and writes ``benchmarks/results/sysid.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import mujoco
+import mujoco.minimize
+import mujoco.rollout
+import numpy as np
+import torch
+from mujoco import sysid as mjsysid
+
+import diffmj
+from diffmj.optim import sysid
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from step_throughput import machine_info  # noqa: E402
+
+SYSID_TESTS = Path(mujoco.__file__).parent / "sysid" / "tests"
+THREADS = 2
+
+
+def sysid_test_constant(filename: str, name: str):
+    """A module-level constant of mujoco.sysid's test file ``filename``, read without importing it
+    (the tests import pytest)."""
+    for node in ast.parse((SYSID_TESTS / filename).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{name} not found in {SYSID_TESTS / filename}")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One identified parameter on both sides.
+
+    diffmj: ``sysid.Parameter(field, obj, index)``; mujoco.sysid: ``set_spec(spec, value)`` on the
+    MjSpec. ``true`` generates the recording; the fit starts from ``initial`` within ``bounds``.
+    """
+
+    label: str
+    field: str
+    obj: str
+    index: int | None
+    set_spec: Callable[[mujoco.MjSpec, float], None]
+    true: float
+    initial: float
+    bounds: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A recording and the parameters to fit.
+
+    ctrl(t [n]) -> [n, nu]; the recording has ``round(duration / timestep)`` control samples and
+    one step fewer (mujoco.sysid's ``_generate_data``). qvel0: the initial velocity (zero if None).
+    add_sensors: sensors added to the MjSpec (mujoco.sysid's box model has none).
+    """
+
+    name: str
+    source: str
+    xml: str
+    params: tuple[Param, ...]
+    ctrl: Callable[[np.ndarray], np.ndarray]
+    duration: float
+    chunk_steps: int
+    qvel0: tuple[float, ...] | None = None
+    add_sensors: Callable[[mujoco.MjSpec], None] | None = None
+    notes: str = ""
+
+
+def _set_body_mass(body: str) -> Callable[[mujoco.MjSpec, float], None]:
+    return lambda spec, value: setattr(spec.body(body), "mass", value)
+
+
+def _set_armature(joint: str) -> Callable[[mujoco.MjSpec, float], None]:
+    return lambda spec, value: setattr(spec.joint(joint), "armature", value)
+
+
+def _set_pair(pair: str, attribute: str, index: int) -> Callable[[mujoco.MjSpec, float], None]:
+    return lambda spec, value: getattr(spec.pair(pair), attribute).__setitem__(index, value)
+
+
+def _add_frame_sensors(body: str) -> Callable[[mujoco.MjSpec], None]:
+    """framepos and framelinvel of ``body``, named (mujoco.sysid maps signals by sensor name)."""
+    def add(spec: mujoco.MjSpec) -> None:
+        for suffix, kind in (("pos", mujoco.mjtSensor.mjSENS_FRAMEPOS), ("linvel", mujoco.mjtSensor.mjSENS_FRAMELINVEL)):
+            spec.add_sensor(name=f"{body}_{suffix}", type=kind, objtype=mujoco.mjtObj.mjOBJ_BODY, objname=body)
+    return add
+
+
+BALL_XML = """\
+<mujoco model="bouncing_ball">
+  <option timestep="0.002"/>
+  <worldbody>
+    <geom name="floor" type="plane" size="5 5 .1"/>
+    <body name="ball" pos="0 0 0.3">
+      <freejoint name="ball_free"/>
+      <geom name="ball" type="sphere" size="0.05" mass="0.2"/>
+    </body>
+  </worldbody>
+  <actuator><motor name="push_x" joint="ball_free" gear="1 0 0 0 0 0"/></actuator>
+  <contact>
+    <pair name="ball_floor" geom1="ball" geom2="floor" friction="0.8 0.005 0.0001" solref="0.02 0.3"/>
+  </contact>
+  <sensor>
+    <framepos name="ball_pos" objtype="body" objname="ball"/>
+    <framelinvel name="ball_linvel" objtype="body" objname="ball"/>
+  </sensor>
+</mujoco>
+"""
+
+
+def problems() -> dict[str, Problem]:
+    arm_true = sysid_test_constant("test_integration.py", "TRUE_ARMATURE")
+    return {p.name: p for p in (
+        Problem(
+            "spring_mass", "mujoco/sysid/tests/test_integration.py: SPRING_MASS_XML, test_spring_mass_recover_mass",
+            sysid_test_constant("test_integration.py", "SPRING_MASS_XML"),
+            (Param("mass", "body_mass", "ball", None, _set_body_mass("ball"), 1.0, 2.0, (0.3, 3.0)),),
+            lambda t: (5.0 * np.sin(2 * np.pi * 1.5 * t) + 3.0 * np.sin(2 * np.pi * 3.7 * t))[:, None],
+            duration=3.0, chunk_steps=50),
+        Problem(
+            "arm", "mujoco/sysid/tests/test_integration.py: ARM_XML, test_arm_recover_armature",
+            sysid_test_constant("test_integration.py", "ARM_XML"),
+            tuple(Param(f"{j}_armature", "dof_armature", j, None, _set_armature(j), arm_true[j], 0.01, (0.001, 1.0))
+                  for j in arm_true),
+            lambda t: np.column_stack([
+                5.0 * np.sin(2 * np.pi * 0.5 * t), 4.0 * np.sin(2 * np.pi * 0.7 * t + 0.5),
+                3.0 * np.sin(2 * np.pi * 0.4 * t + 1.0), 2.0 * np.sin(2 * np.pi * 0.9 * t + 1.5),
+                1.0 * np.sin(2 * np.pi * 0.6 * t + 2.0)]),
+            duration=2.0, chunk_steps=50),
+        Problem(
+            "box", "mujoco/sysid/tests/conftest.py: BOX_XML and box_params (mass, pair box_floor)",
+            sysid_test_constant("conftest.py", "BOX_XML"),
+            (Param("box_mass", "body_mass", "box", None, _set_body_mass("box"), 5.0, 4.6, (4.5, 5.5)),
+             Param("friction1", "pair_friction", "box_floor", 0, _set_pair("box_floor", "friction", 0), 1.6, 1.2,
+                   (0.5, 2.5))),
+            lambda t: (20.0 * np.sin(2 * np.pi * 4.0 * t))[:, None],
+            duration=0.3, chunk_steps=50, qvel0=(3.0, 1.0, 0.0, 0.0, 0.0, 0.0), add_sensors=_add_frame_sensors("box"),
+            notes="conftest defines the model and parameters but no data: the box is thrown at (3, 1) m/s and pushed "
+            "(its motor's +-20 N alone cannot overcome friction 1.6 x 5 kg x g), framepos / framelinvel sensors "
+            "added; sliding friction (box_params' friction2 is the torsional one, which condim 3 ignores)"),
+        Problem(
+            "bouncing_ball", "ours (benchmarks/sysid.py: BALL_XML)", BALL_XML,
+            (Param("solref_timeconst", "pair_solref", "ball_floor", 0, _set_pair("ball_floor", "solref", 0), 0.02,
+                   0.03, (0.005, 0.1)),
+             Param("solref_dampratio", "pair_solref", "ball_floor", 1, _set_pair("ball_floor", "solref", 1), 0.3,
+                   0.6, (0.05, 2.0)),
+             Param("friction1", "pair_friction", "ball_floor", 0, _set_pair("ball_floor", "friction", 0), 0.8, 0.5,
+                   (0.1, 2.0))),
+            lambda t: (0.2 * np.sin(2 * np.pi * 2.0 * t))[:, None],
+            duration=1.0, chunk_steps=50, qvel0=(1.0, 0.3, 0.0, 5.0, -20.0, 0.0),
+            notes="a ball with backspin bouncing on a plane: impacts (solref) and sliding at each impact (friction)"),
+    )}
+
+
+def compile_spec(problem: Problem, values: dict[str, float]) -> tuple[mujoco.MjSpec, mujoco.MjModel]:
+    """The problem's MjSpec (sensors added) and its model with the parameters set to ``values``."""
+    spec = mujoco.MjSpec.from_string(problem.xml)
+    if problem.add_sensors is not None:
+        problem.add_sensors(spec)
+    for p in problem.params:
+        p.set_spec(spec, values[p.label])
+    return spec, spec.compile()
+
+
+@dataclass
+class Recording:
+    """The chunks both sides fit: mujoco.sysid's trajectories and the same arrays for diffmj."""
+
+    chunks: list  # mujoco.sysid SystemTrajectory per chunk
+    initial_state: np.ndarray  # [B, nstate] mjSTATE_FULLPHYSICS
+    ctrl: np.ndarray  # [B, T, nu]
+    sensordata: np.ndarray  # [B, T, nsensordata]
+    steps: int  # recorded steps (before the incomplete last chunk is dropped)
+
+
+def record(problem: Problem, max_chunks: int | None = None) -> Recording:
+    """MuJoCo C's recording with the true parameters, split into chunks (mujoco.sysid's ``_generate_data``
+    followed by ``SystemTrajectory.split``); the first ``max_chunks`` of them if given."""
+    spec, mjm = compile_spec(problem, {p.label: p.true for p in problem.params})
+    mjd = mujoco.MjData(mjm)
+    if problem.qvel0 is not None:
+        mjd.qvel[:] = problem.qvel0
+    n = round(problem.duration / mjm.opt.timestep)
+    t = np.arange(n) * mjm.opt.timestep
+    ctrl = problem.ctrl(t)
+    initial_state = mjsysid.create_initial_state(mjm, mjd.qpos, mjd.qvel, mjd.act)
+    state, sensor = mujoco.rollout.rollout(mjm, mjd, initial_state, ctrl[:-1])
+    state, sensor = np.squeeze(state, 0), np.squeeze(sensor, 0)
+    sequences = mjsysid.ModelSequences(
+        problem.name, spec, "recorded", initial_state, mjsysid.TimeSeries(t, ctrl),
+        mjsysid.TimeSeries.from_names(state[:, 0], sensor, mjm))
+    # split starts each chunk from the recorded state before it
+    whole = sequences.measured_rollout[0].replace(state=mjsysid.TimeSeries(state[:, 0], state))
+    # split drops the sensor names that the residual needs (mujoco 4.0.0): put them back
+    chunks = [c.replace(sensordata=mjsysid.TimeSeries(c.sensordata.times, c.sensordata.data,
+                                                      whole.sensordata.signal_mapping))
+              for c in whole.split(problem.chunk_steps)[:max_chunks]]
+    return Recording(
+        chunks=chunks,
+        initial_state=np.stack([c.initial_state for c in chunks]),
+        ctrl=np.stack([c.control.data for c in chunks]),
+        sensordata=np.stack([c.sensordata.data for c in chunks]),
+        steps=len(sensor))
+
+
+def max_relative_error(problem: Problem, found: dict[str, float]) -> float:
+    return max(abs(found[p.label] - p.true) / abs(p.true) for p in problem.params)
+
+
+class Counter:
+    """Wraps a residual function: how many calls and points (columns) it evaluated."""
+
+    def __init__(self, fn: Callable):
+        self.fn, self.calls, self.points = fn, 0, 0
+
+    def __call__(self, x, *args, **kwargs):
+        self.calls += 1
+        self.points += 1 if np.ndim(x) == 1 else np.shape(x)[1]
+        return self.fn(x, *args, **kwargs)
+
+
+@dataclass
+class MujocoSysid:
+    """mujoco.sysid's problem on the chunks, built as its tests build theirs."""
+
+    params: object  # mjsysid.ParameterDict at the initial guess
+    residual_fn: Callable  # build_residual_fn(...)
+
+    @classmethod
+    def build(cls, problem: Problem, rec: Recording, resample: bool) -> MujocoSysid:
+        """resample: ``build_residual_fn``'s ``resample_true`` (its default True resamples the controls and the
+        predictions in time; False takes them sample by sample and leaves out each chunk's first sample)."""
+        spec, _ = compile_spec(problem, {p.label: p.initial for p in problem.params})
+        params = mjsysid.ParameterDict()
+        for p in problem.params:
+            params.add(mjsysid.Parameter(p.label, nominal=p.true, min_value=p.bounds[0], max_value=p.bounds[1],
+                                         modifier=lambda s, q, p=p: p.set_spec(s, q.value[0])))
+            params[p.label].value[:] = p.initial
+        chunks = rec.chunks
+        sequences = mjsysid.ModelSequences(
+            problem.name, spec, [f"chunk{i}" for i in range(len(chunks))], [c.initial_state for c in chunks],
+            [c.control for c in chunks], [c.sensordata for c in chunks])
+        return cls(params, mjsysid.build_residual_fn(models_sequences=[sequences], n_threads=THREADS,
+                                                     resample_true=resample))
+
+    def residual(self, x: np.ndarray) -> np.ndarray:
+        """measured - predicted, normalised, at x [n], flattened as ``optimize`` does."""
+        residuals, _, _ = self.residual_fn(np.asarray(x, dtype=np.float64), self.params.copy())
+        return np.concatenate(residuals)
+
+    def kept(self, rec: Recording) -> np.ndarray:
+        """[B, T] bool: the recorded samples the residual compares (resampling keeps those whose time lies in
+        the predicted rollout's span, which float rounding cuts by one sample in some chunks)."""
+        _, _, measured = self.residual_fn(self.params.as_vector(), self.params.copy(), return_pred_all=True)
+        # one list per chunk, of one TimeSeries per evaluated point
+        return np.stack([np.isin(c.sensordata.times, w[0].times) for c, w in zip(rec.chunks, measured)])
+
+    def optimize(self, problem: Problem, max_iters: int) -> dict:
+        """``sysid.optimize(..., optimizer="mujoco")`` with its defaults but for the iteration limit (and the
+        chunk count: ``rollouts`` are chunk rollouts)."""
+        count = Counter(self.residual_fn)
+        start = time.perf_counter()
+        opt_params, result = mjsysid.optimize(initial_params=self.params, residual_fn=count, optimizer="mujoco",
+                                              verbose=False, max_iters=max_iters, output=io.StringIO())
+        wall = time.perf_counter() - start
+        found = {p.label: float(opt_params[p.label].value[0]) for p in problem.params}
+        chunks = len(self.residual_fn(self.params.as_vector(), self.params.copy())[0])
+        return {
+            "params": found, "max_relative_error": max_relative_error(problem, found),
+            "iterations": len(result.extras["objective"]), "residual_evaluations": count.points,
+            "rollouts": count.points * chunks, "jacobian_evaluations": None, "wall_s": wall,
+            "cost": 0.5 * float(np.sum(self.residual(result.x) ** 2)),
+        }
+
+
+def diffmj_problem(problem: Problem, rec: Recording, kept: np.ndarray
+                   ) -> tuple[diffmj.Model, list[sysid.Parameter], sysid.Recording]:
+    """diffmj's model (the XML compiled at the initial guess), parameters and the chunks as one batched
+    recording, weighted as mujoco.sysid's residual: the samples it keeps (kept [B, T]), each signal of
+    each chunk divided by their norm / sqrt 2 (``normalize_residual``)."""
+    _, mjm = compile_spec(problem, {p.label: p.initial for p in problem.params})
+    m = diffmj.put_model(mjm)
+    params = [sysid.Parameter(p.field, p.obj, p.index, initial=p.initial, lower=p.bounds[0], upper=p.bounds[1])
+              for p in problem.params]
+    batch = rec.initial_state.shape[0]
+    d0 = diffmj.set_state(m, diffmj.make_data(m, batch_shape=(batch,)), torch.tensor(rec.initial_state),
+                          diffmj.State.FULLPHYSICS)
+    mask = kept[..., None].astype(np.float64)
+    weights = mask * math.sqrt(2) / np.linalg.norm(rec.sensordata * mask, axis=1, keepdims=True)  # [B, T, ns]
+    data = sysid.Recording(d0, torch.tensor(rec.ctrl), sensordata=torch.tensor(rec.sensordata),
+                           weights={"sensordata": torch.tensor(weights)})
+    return m, params, data
+
+
+def labels(problem: Problem, params: list[sysid.Parameter]) -> dict[str, str]:
+    """diffmj's label -> the problem's label."""
+    return {q.label: p.label for p, q in zip(problem.params, params)}
+
+
+def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Parameter], data: sysid.Recording,
+                   max_iters: int) -> dict:
+    result = sysid.fit(m, params, data, max_iterations=max_iters)
+    names = labels(problem, params)
+    found = {names[k]: v.item() for k, v in result.params.items()}
+    accepted = int((result.cost_history.diff() < 0).sum())
+    return {
+        "params": found, "max_relative_error": max_relative_error(problem, found), "iterations": result.iterations,
+        "residual_evaluations": result.iterations + 1, "rollouts": (result.iterations + 1) * data.ctrl.shape[0],
+        "jacobian_evaluations": accepted + 1, "wall_s": result.wall_time, "cost": result.cost,
+        "status": result.status,
+    }
+
+
+def run_minimize_exact(problem: Problem, m: diffmj.Model, params: list[sysid.Parameter], data: sysid.Recording,
+                       max_iters: int) -> dict:
+    x0, residual, jacobian, box = sysid.least_squares_functions(m, params, data)
+    residual, jacobian = Counter(residual), Counter(jacobian)
+    start = time.perf_counter()
+    x, trace = mujoco.minimize.least_squares(x0, residual, jacobian=jacobian, bounds=box, max_iter=max_iters,
+                                             verbose=0)
+    wall = time.perf_counter() - start
+    names = labels(problem, params)
+    found = {names[k]: v.item() for k, v in sysid.values(m, params, torch.tensor(x)).items()}
+    return {
+        "params": found, "max_relative_error": max_relative_error(problem, found), "iterations": len(trace),
+        "residual_evaluations": residual.points, "rollouts": residual.points * data.ctrl.shape[0],
+        "jacobian_evaluations": jacobian.calls, "wall_s": wall, "cost": 0.5 * float(np.sum(residual.fn(x) ** 2)),
+    }
+
+
+METHODS = {
+    "mujoco_sysid": "mujoco.sysid (FD Jacobian, mujoco.minimize)",
+    "mujoco_sysid_no_resample": "mujoco.sysid, resample_true=False",
+    "diffmj_fit": "diffmj sysid.fit (exact Jacobian, LM)",
+    "minimize_exact": "mujoco.minimize + diffmj's exact Jacobian",
+}
+
+
+def run_problem(problem: Problem, max_iters: int, max_chunks: int | None) -> dict:
+    rec = record(problem, max_chunks)
+    batch, horizon = rec.ctrl.shape[:2]
+    print(f"{problem.name}: {rec.steps} steps recorded, {batch} chunks of {horizon}", flush=True)
+    theirs = MujocoSysid.build(problem, rec, resample=True)
+    m, params, data = diffmj_problem(problem, rec, theirs.kept(rec))
+    out = {"source": problem.source, "notes": problem.notes, "recorded_steps": rec.steps, "chunks": batch,
+           "chunk_steps": horizon, "true": {p.label: p.true for p in problem.params},
+           "initial": {p.label: p.initial for p in problem.params},
+           "bounds": {p.label: p.bounds for p in problem.params}, "methods": {}}
+    # the same cost on both sides: diffmj's residual is minus mujoco.sysid's (with zeros where it drops a sample)
+    x0 = sysid.initial_vector(m, params)
+    with torch.no_grad():
+        ours = sysid.residual(m, params, data, x0).numpy()
+    reference = theirs.residual(x0.numpy())
+    out["residual_difference_at_initial"] = float(np.abs(ours[np.repeat(theirs.kept(rec).reshape(-1), m.nsensordata)]
+                                                         + reference).max())
+    out["residual_norm_at_initial"] = float(np.linalg.norm(reference))
+    sysid_out = out["methods"]["mujoco_sysid"] = theirs.optimize(problem, max_iters)
+    unsampled = out["methods"]["mujoco_sysid_no_resample"] = MujocoSysid.build(problem, rec, resample=False).optimize(
+        problem, max_iters)
+    print(f"  mujoco.sysid, resample_true=False: {unsampled['wall_s']:.1f} s, error "
+          f"{unsampled['max_relative_error']:.1e}", flush=True)
+    print(f"  residuals at the initial guess: |r| {out['residual_norm_at_initial']:.3e}, "
+          f"largest difference diffmj vs mujoco.sysid {out['residual_difference_at_initial']:.1e}", flush=True)
+    print(f"  mujoco.sysid: {sysid_out['wall_s']:.1f} s, error {sysid_out['max_relative_error']:.1e}", flush=True)
+    for name, run in (("diffmj_fit", run_diffmj_fit), ("minimize_exact", run_minimize_exact)):
+        out["methods"][name] = run(problem, m, params, data, max_iters)
+        print(f"  {name}: {out['methods'][name]['wall_s']:.1f} s, "
+              f"error {out['methods'][name]['max_relative_error']:.1e}", flush=True)
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = ["| problem | steps (chunks) | parameters | method | max rel. error | iterations | residual evals "
+             "(rollouts) | Jacobians | wall s |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for name, prob in result["problems"].items():
+        for method, label in METHODS.items():
+            r = prob["methods"].get(method)
+            if r is None:
+                continue
+            jac = "FD" if r["jacobian_evaluations"] is None else r["jacobian_evaluations"]
+            lines.append(f"| {name} | {prob['chunks'] * prob['chunk_steps']} ({prob['chunks']}) | {len(prob['true'])} "
+                         f"| {label} | {r['max_relative_error']:.1e} | {r['iterations']} | "
+                         f"{r['residual_evaluations']} ({r['rollouts']}) | {jac} | {r['wall_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    all_problems = problems()
+    parser.add_argument("--problems", nargs="+", default=list(all_problems), choices=list(all_problems))
+    parser.add_argument("--max-iters", type=int, default=100, help="iterations allowed to every method")
+    parser.add_argument("--max-chunks", type=int, help="fit only the first chunks of each recording (a quick look)")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "sysid.json")
+    parser.add_argument("--table", type=Path, help="print the table of an existing result and exit")
+    args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(args.table.read_text())))
+        return
+    torch.set_num_threads(THREADS)
+    result = {"machine": machine_info(), "settings": {"problems": args.problems, "max_iters": args.max_iters,
+                                                      "max_chunks": args.max_chunks, "threads": THREADS}, "problems": {}}
+    for name in args.problems:
+        result["problems"][name] = run_problem(all_problems[name], args.max_iters, args.max_chunks)
+        result["machine"]["load_average_end"] = os.getloadavg()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1, default=float))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
