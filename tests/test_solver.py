@@ -183,10 +183,10 @@ def test_compiled_vmap_step_on_contact_model(small_contact_model):
     eager = diffmj.step(m, batch)
     assert bool(eager.efc_active.any())
     for name in ("qpos", "qvel", "qacc", "efc_force"):
-        assert_close(name, getattr(out, name), getattr(eager, name), TOL["batch"])
+        assert_close(name, getattr(out, name), getattr(eager, name), TOL["compiled"])
     with torch._dynamo.config.patch(error_on_recompile=True):
         out = step(m, out)  # its own output as the next input is laid out alike: no second graph
-    assert_close("qvel", out.qvel, diffmj.step(m, eager).qvel, TOL["batch"])
+    assert_close("qvel", out.qvel, diffmj.step(m, eager).qvel, TOL["compiled"])
 
 
 @pytest.mark.slow
@@ -200,7 +200,7 @@ def test_compiled_vmap_step_humanoid():
     out = torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True)(m, batch)
     eager = diffmj.step(m, batch)
     for name in ("qpos", "qvel", "qacc", "efc_force"):
-        assert_close(name, getattr(out, name), getattr(eager, name), TOL["batch"])
+        assert_close(name, getattr(out, name), getattr(eager, name), TOL["compiled"])
     torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True, backend=counter)(m, batch)
     assert counter.frame_count == 1
 
