@@ -1,4 +1,4 @@
-"""rollout(): many steps over a control sequence, with checkpointed gradients."""
+"""rollout() and rollout_policy(): many steps, open loop or under a policy, with checkpointed gradients."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from diffmj.forward import check_data, resolve_backward_mode
-from diffmj.grad.checkpoint import Observe, checkpointed_rollout, run_steps
-from diffmj.types import BackwardMode, Data, Model
+from diffmj.grad.checkpoint import Control, Observe, checkpointed_rollout, open_loop, run_steps
+from diffmj.state import get_state
+from diffmj.types import BackwardMode, Data, Model, State
+
+ObserveArg = Sequence[str] | Callable[[Model, Data], Any] | None
 
 
 def rollout(
@@ -22,7 +25,7 @@ def rollout(
     *,
     checkpoint: int | str | None = "auto",
     backward_mode: BackwardMode | None = None,
-    observe: Sequence[str] | Callable[[Model, Data], Any] | None = None,
+    observe: ObserveArg = None,
 ) -> Any:
     """Step d through the controls ctrl [..., T, nu]; the trajectory as a Data of batch [..., T].
 
@@ -44,15 +47,60 @@ def rollout(
     the model's.
     """
     check_data(m, d)
-    mode = resolve_backward_mode(m, backward_mode)
-    observe = _observer(observe)
     if ctrl.shape[-1] != m.nu:
         raise ValueError(f"ctrl has {ctrl.shape[-1]} controls per step, the model needs {m.nu}")
     if ctrl.dim() < 2:
         raise ValueError(f"ctrl must be [..., T, nu], got shape {tuple(ctrl.shape)}")
     if ctrl.dtype != m.dtype:
         raise ValueError(f"ctrl is {ctrl.dtype} but the model is {m.dtype}")
-    horizon = ctrl.shape[-2]
+    batch = torch.broadcast_shapes(d.batch_size, ctrl.shape[:-2])
+    ctrl = ctrl.expand(*batch, *ctrl.shape[-2:])
+    return _rollout(m, d, open_loop, (ctrl,), len(batch), ctrl.shape[-2], checkpoint, backward_mode, observe)
+
+
+def rollout_policy(
+    m: Model,
+    d: Data,
+    policy: Callable[[Any, Tensor], Tensor],
+    params: Any,
+    steps: int,
+    *,
+    checkpoint: int | str | None = "auto",
+    backward_mode: BackwardMode | None = None,
+    observe: ObserveArg = None,
+) -> Any:
+    """Step d ``steps`` times in closed loop: ctrl_t = policy(params, x_t) [nu], x_t = ``get_state(m, d_t,
+    State.PHYSICS)`` [nq + nv + na] the state before step t. Returns what ``rollout`` returns.
+
+    params: a pytree of tensors (e.g. ``dict(net.named_parameters())`` with ``policy = lambda p, x:
+    torch.func.functional_call(net, p, (x,))``), shared by every batch element; gradients flow to it, to
+    the model's parameters and to d's state, through checkpointed segments as in ``rollout`` (so
+    ``loss.backward()`` fills ``net``'s ``.grad``, and ``torch.func.grad`` over params works). A batch of
+    initial states (leading dimensions of d) is mapped with ``torch.vmap``: policy sees one state [ns].
+    """
+    check_data(m, d)
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    leaves, spec = pytree.tree_flatten(params)
+    if not all(isinstance(leaf, Tensor) for leaf in leaves):
+        raise ValueError("params must be a pytree of tensors (e.g. dict(net.named_parameters()))")
+
+    def control(flat: tuple[Tensor, ...], t: int, m: Model, d: Data) -> Tensor:
+        ctrl = policy(pytree.tree_unflatten(list(flat), spec), get_state(m, d, State.PHYSICS))
+        if ctrl.shape != (m.nu,) or ctrl.dtype != m.dtype:
+            raise ValueError(f"policy must return ctrl [nu={m.nu}] of {m.dtype}, got {tuple(ctrl.shape)} "
+                             f"of {ctrl.dtype}")
+        return ctrl
+
+    return _rollout(m, d, control, tuple(leaves), 0, steps, checkpoint, backward_mode, observe)
+
+
+def _rollout(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], batched_params: int, horizon: int,
+             checkpoint: int | str | None, backward_mode: BackwardMode | None, observe: ObserveArg) -> Any:
+    """What rollout and rollout_policy share. The first ``batched_params`` dimensions of every param are
+    batch dimensions, as d's (0: params shared by the batch)."""
+    mode = resolve_backward_mode(m, backward_mode)
+    observe = _observer(observe)
     if checkpoint == "auto":
         segment = max(1, round(math.sqrt(horizon)))
     elif checkpoint is None:
@@ -62,23 +110,24 @@ def rollout(
         if segment < 1:
             raise ValueError(f"checkpoint must be a positive number of steps, 'auto' or None, got {checkpoint}")
 
-    def single(d: Data, ctrl: Tensor) -> Data:
+    def single(d: Data, params: tuple[Tensor, ...]) -> Any:
         if segment is None or segment >= horizon or not torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return run_steps(m, d, ctrl, mode, observe)[0]
-        return checkpointed_rollout(m, d, ctrl, segment, mode, observe)
+            return run_steps(m, d, control, params, range(horizon), mode, observe)[0]
+        return checkpointed_rollout(m, d, control, params, horizon, segment, mode, observe)
 
-    batch = torch.broadcast_shapes(d.batch_size, ctrl.shape[:-2])
+    batch = d.batch_size if not batched_params else params[0].shape[:batched_params]
     if not batch:
-        return single(d, ctrl)
-    d = d.expand(batch).reshape(-1)
-    ctrl = ctrl.expand(*batch, *ctrl.shape[-2:]).reshape(batch.numel(), *ctrl.shape[-2:])  # not -1: nu may be 0
-    traj = torch.vmap(single)(d, ctrl)
+        return single(d, params)
+    size = batch.numel()  # not -1 in the reshapes: nu may be 0
+    d = d.expand(batch).reshape(size)
+    params = tuple(p.reshape(size, *p.shape[batched_params:]) for p in params) if batched_params else params
+    traj = torch.vmap(single, in_dims=(0, 0 if batched_params else None))(d, params)
     if observe is None:
         return traj.reshape(*batch, horizon)
     return pytree.tree_map(lambda leaf: leaf.reshape(*batch, *leaf.shape[1:]), traj)
 
 
-def _observer(observe: Sequence[str] | Callable[[Model, Data], Any] | None) -> Observe:
+def _observer(observe: ObserveArg) -> Observe:
     """rollout's ``observe`` as a function (None: keep the Data)."""
     if observe is None or callable(observe):
         return observe

@@ -148,6 +148,59 @@ def test_observed_rollout_keeps_only_what_it_observes():
         diffmj.rollout(m, d, ctrl, observe="qpos")
 
 
+def _linear_policy(params, x):
+    return torch.tanh(params["K"] @ x + params["b"])
+
+
+def test_policy_rollout_equals_stepping_and_its_gradients_the_full_tape():
+    """rollout_policy: ctrl_t = policy(params, state before step t); values equal a hand-written loop; the
+    gradient w.r.t. the policy's weights, the model and the initial state is the same checkpointed or not,
+    by .backward() on an nn.Module's parameters and by torch.func.grad; a batch of states equals each alone."""
+    m, d = _setup("hopper")
+    gen = torch.Generator().manual_seed(1)
+    ns = m.nq + m.nv + m.na
+    params = {"K": 0.1 * torch.randn(m.nu, ns, generator=gen, dtype=m.dtype),
+              "b": 0.1 * torch.randn(m.nu, generator=gen, dtype=m.dtype)}
+    traj = diffmj.rollout_policy(m, d, _linear_policy, params, 9)
+    state = d
+    for t in range(9):
+        ctrl = _linear_policy(params, diffmj.get_state(m, state, diffmj.State.PHYSICS))
+        state = diffmj.step(m, state.replace(ctrl=ctrl))
+        assert_close(f"qpos[{t}]", traj.qpos[t], state.qpos, 0.0)
+        assert_close(f"ctrl[{t}]", traj.ctrl[t], ctrl, 0.0)
+
+    def loss(params, mass, qvel, checkpoint):
+        out = diffmj.rollout_policy(m.replace(body_mass=mass), d.replace(qvel=qvel), _linear_policy, params, 9,
+                                    checkpoint=checkpoint, observe=("qpos",))
+        return (out["qpos"][:, 1] ** 2).sum() + out["qpos"][-1, 0]
+
+    args = (params, m.body_mass, d.qvel)
+    full = torch.func.grad(loss, argnums=(0, 1, 2))(*args, None)
+    for checkpoint in (2, "auto"):
+        ours = torch.func.grad(loss, argnums=(0, 1, 2))(*args, checkpoint)
+        for name, got, want in zip(("K", "b", "body_mass", "qvel"), (*ours[0].values(), *ours[1:]),
+                                   (*full[0].values(), *full[1:])):
+            assert_close(f"{name} (checkpoint={checkpoint})", got, want, TOL["batch"])
+    net = torch.nn.Linear(ns, m.nu, dtype=m.dtype)
+    with torch.no_grad():
+        net.weight.copy_(params["K"])
+        net.bias.copy_(params["b"])
+    out = diffmj.rollout_policy(m, d, lambda p, x: torch.tanh(torch.func.functional_call(net, p, (x,))),
+                                dict(net.named_parameters()), 9)
+    ((out.qpos[:, 1] ** 2).sum() + out.qpos[-1, 0]).backward()
+    assert_close("nn.Linear weight .grad", net.weight.grad, full[0]["K"], TOL["batch"])
+    assert_close("nn.Linear bias .grad", net.bias.grad, full[0]["b"], TOL["batch"])
+    datas = torch.stack([d, diffmj.step(m, d)])
+    batched = diffmj.rollout_policy(m, datas, _linear_policy, params, 5)
+    assert batched.batch_size == torch.Size([2, 5])
+    assert_close("batch element", batched.qvel[1], diffmj.rollout_policy(m, datas[1], _linear_policy, params, 5).qvel,
+                 TOL["batch"])
+    with pytest.raises(ValueError, match="pytree of tensors"):
+        diffmj.rollout_policy(m, d, _linear_policy, {"K": 1.0}, 3)
+    with pytest.raises(ValueError, match="policy must return"):
+        diffmj.rollout_policy(m, d, lambda p, x: x, params, 3)
+
+
 def test_checkpoint_memory_grows_like_sqrt_horizon():
     m, d = _setup("hopper")
     saved = {}

@@ -32,6 +32,16 @@ HELD_INPUTS = tuple(f for f in INPUT_FIELDS if f != "ctrl")
 # observe(m, d) -> what a rollout keeps of each step's Data: a pytree of tensors; None keeps the Data
 Observe = Callable[[Model, Data], Any] | None
 
+# control(params, t, m, d) -> ctrl [nu] for step t from the Data before it, a function of d's state (its
+# other fields are stale where a checkpointed segment starts); params: a tuple of tensors (the open loop's is
+# (ctrl [T, nu],), a policy's its weights), what a rollout differentiates the controls by
+Control = Callable[[tuple[Tensor, ...], int, Model, Data], Tensor]
+
+
+def open_loop(params: tuple[Tensor], t: int, m: Model, d: Data) -> Tensor:
+    """The open-loop Control: step t applies row t of params = (ctrl [T, nu],)."""
+    return params[0][t]
+
 
 class Layout(NamedTuple):
     """Static description of the flat argument list of a checkpointed rollout."""
@@ -39,9 +49,11 @@ class Layout(NamedTuple):
     model_spec: pytree.TreeSpec
     n_model: int  # model leaves
     n_input: int  # constant-input fields
+    n_params: int  # the control's parameters
     segment: int  # steps per segment
     horizon: int  # T
     mode: BackwardMode  # how each step's solver is differentiated
+    control: Control  # each step's ctrl
     observe: Observe  # what each step keeps
 
 
@@ -52,12 +64,13 @@ def join(parts: list, op: Callable) -> Any:
     return pytree.tree_map(lambda *leaves: op(leaves), *parts)
 
 
-def run_steps(m: Model, d: Data, ctrl: Tensor, mode: BackwardMode, observe: Observe = None) -> tuple[Any, Data]:
-    """Step an unbatched d through ctrl [T, nu]; returns (the observations stacked over [T]: a Data of
-    batch [T] when observe is None, and the last Data)."""
+def run_steps(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], steps: range, mode: BackwardMode,
+              observe: Observe = None) -> tuple[Any, Data]:
+    """Step an unbatched d through the steps t in ``steps`` with ctrl = control(params, t, d); returns (the
+    observations stacked over the steps: a Data of batch [len(steps)] when observe is None, and the last Data)."""
     outs = []
-    for t in range(ctrl.shape[0]):
-        d = step_unbatched(m, d.replace(ctrl=ctrl[t]), mode)
+    for t in steps:
+        d = step_unbatched(m, d.replace(ctrl=control(params, t, m, d)), mode)
         outs.append(d if observe is None else observe(m, d))
     return join(outs, torch.stack), d
 
@@ -68,20 +81,25 @@ def _initial(m: Model, inputs, state) -> Data:
     return d.replace(**dict(zip(HELD_INPUTS, inputs)), **dict(zip(STATE_FIELDS, state)))
 
 
+def _segments(layout: Layout) -> list[range]:
+    return [range(start, min(start + layout.segment, layout.horizon))
+            for start in range(0, layout.horizon, layout.segment)]
+
+
 class CheckpointedRollout(torch.autograd.Function):
-    """(model leaves, inputs, state, ctrl) -> (flattened observations, last state, segment boundaries), with
-    segment recomputation."""
+    """(model leaves, inputs, state, control params) -> (flattened observations, last state, segment
+    boundaries), with segment recomputation."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(layout: Layout, *flat: Tensor):
-        m, inputs, state, ctrl = _unpack(layout, flat)
+        m, inputs, state, params = _unpack(layout, flat)
         d = _initial(m, inputs, state)
         outs, boundaries = [], []
-        for start in range(0, layout.horizon, layout.segment):
+        for steps in _segments(layout):
             boundaries.extend(getattr(d, name).clone() for name in STATE_FIELDS)
-            traj, d = run_steps(m, d, ctrl[start : start + layout.segment], layout.mode, layout.observe)
+            traj, d = run_steps(m, d, layout.control, params, steps, layout.mode, layout.observe)
             outs.append(traj)
         leaves = pytree.tree_flatten(join(outs, torch.cat))[0]
         # cloned: a field no step changes (act when na = 0) would be a saved input returned as-is
@@ -102,9 +120,7 @@ class CheckpointedRollout(torch.autograd.Function):
         layout = ctx.layout
         saved = ctx.saved_tensors
         flat, boundaries = saved[: len(saved) - _n_boundaries(layout)], saved[len(saved) - _n_boundaries(layout) :]
-        m_leaves = list(flat[: layout.n_model])
-        inputs = list(flat[layout.n_model : layout.n_model + layout.n_input])
-        ctrl = flat[-1]
+        m_leaves, inputs, _, params = (list(part) for part in _split(layout, flat))
         nstate = len(STATE_FIELDS)
         n_obs = ctx.n_out - nstate
         float_out = [i for i in ctx.float_out if i < n_obs and grad_outputs[i] is not None]
@@ -114,49 +130,49 @@ class CheckpointedRollout(torch.autograd.Function):
                    for g, t in zip(grad_outputs[n_obs : ctx.n_out], boundaries[-nstate:])]
         # pull back only to what needs a gradient (the state always: it chains the segments)
         needs = ctx.needs_input_grad[1:]
-        differentiable = [i for i, t in enumerate(m_leaves) if t.is_floating_point() and needs[i]]
-        input_float = [i for i, t in enumerate(inputs) if t.is_floating_point() and needs[layout.n_model + i]]
+        first_param = layout.n_model + layout.n_input + nstate
 
-        def segment_fn(state, ctrl_seg, model_float, input_vals):
-            leaves = list(m_leaves)
-            for i, t in zip(differentiable, model_float):
-                leaves[i] = t
-            ins = list(inputs)
-            for i, t in zip(input_float, input_vals):
-                ins[i] = t
-            m = pytree.tree_unflatten(leaves, layout.model_spec)
-            traj, last = run_steps(m, _initial(m, ins, state), ctrl_seg, layout.mode, layout.observe)
+        def wanted(tensors, offset):
+            return [i for i, t in enumerate(tensors) if t.is_floating_point() and needs[offset + i]]
+
+        differentiable = wanted(m_leaves, 0)
+        input_float = wanted(inputs, layout.n_model)
+        param_float = wanted(params, first_param)
+
+        def replaced(values, indices, new):
+            values = list(values)
+            for i, t in zip(indices, new):
+                values[i] = t
+            return values
+
+        def segment_fn(state, model_float, input_vals, param_vals, steps):
+            m = pytree.tree_unflatten(replaced(m_leaves, differentiable, model_float), layout.model_spec)
+            d = _initial(m, replaced(inputs, input_float, input_vals), state)
+            traj, last = run_steps(m, d, layout.control, tuple(replaced(params, param_float, param_vals)), steps,
+                                   layout.mode, layout.observe)
             leaves = pytree.tree_flatten(traj)[0]
             return [leaves[i] for i in float_out], [getattr(last, name) for name in STATE_FIELDS]
 
-        g_ctrl = torch.zeros_like(ctrl)
         g_model = [torch.zeros_like(m_leaves[i]) for i in differentiable]
         g_inputs = [torch.zeros_like(inputs[i]) for i in input_float]
-        starts = list(range(0, layout.horizon, layout.segment))
-        for k in reversed(range(len(starts))):
-            start = starts[k]
-            stop = min(start + layout.segment, layout.horizon)
-            state = [t for t in boundaries[k * nstate : (k + 1) * nstate]]
+        g_params = [torch.zeros_like(params[i]) for i in param_float]
+        for k, steps in reversed(list(enumerate(_segments(layout)))):
             _, vjp = _vjp(
-                segment_fn,
-                state,
-                ctrl[start:stop],
+                lambda *primals: segment_fn(*primals, steps),
+                list(boundaries[k * nstate : (k + 1) * nstate]),
                 [m_leaves[i] for i in differentiable],
                 [inputs[i] for i in input_float],
+                [params[i] for i in param_float],
             )
-            g_outs = [g[start:stop] for g in grads_out]
-            g_state, g_ctrl_seg, g_model_seg, g_inputs_seg = vjp((g_outs, g_state))
-            g_ctrl = torch.cat((g_ctrl[:start], g_ctrl_seg, g_ctrl[stop:]))
+            g_outs = [g[steps.start : steps.stop] for g in grads_out]
+            g_state, g_model_seg, g_inputs_seg, g_params_seg = vjp((g_outs, g_state))
             g_model = [a + b for a, b in zip(g_model, g_model_seg)]
             g_inputs = [a + b for a, b in zip(g_inputs, g_inputs_seg)]
-        model_grads = [None] * layout.n_model
-        for i, g in zip(differentiable, g_model):
-            model_grads[i] = g
-        input_grads = [None] * layout.n_input
-        for i, g in zip(input_float, g_inputs):
-            input_grads[i] = g
+            g_params = [a + b for a, b in zip(g_params, g_params_seg)]
         state_grads = [g if t.is_floating_point() else None for g, t in zip(g_state, boundaries[:nstate])]
-        return (None, *model_grads, *input_grads, *state_grads, g_ctrl)
+        return (None, *replaced([None] * layout.n_model, differentiable, g_model),
+                *replaced([None] * layout.n_input, input_float, g_inputs), *state_grads,
+                *replaced([None] * layout.n_params, param_float, g_params))
 
 
 def _vjp(fn, *primals):
@@ -186,43 +202,40 @@ def _n_boundaries(layout: Layout) -> int:
     return len(STATE_FIELDS) * math.ceil(layout.horizon / layout.segment)
 
 
+def _split(layout: Layout, flat) -> tuple:
+    """The flat arguments as (model leaves, inputs, state, control params)."""
+    n_state = layout.n_model + layout.n_input
+    n_params = n_state + len(STATE_FIELDS)
+    return flat[: layout.n_model], flat[layout.n_model : n_state], flat[n_state:n_params], tuple(flat[n_params:])
+
+
 def _unpack(layout: Layout, flat):
-    m = pytree.tree_unflatten(list(flat[: layout.n_model]), layout.model_spec)
-    inputs = flat[layout.n_model : layout.n_model + layout.n_input]
-    state = flat[layout.n_model + layout.n_input : -1]
-    return m, inputs, state, flat[-1]
+    m_leaves, inputs, state, params = _split(layout, flat)
+    return pytree.tree_unflatten(list(m_leaves), layout.model_spec), inputs, state, params
 
 
-def checkpointed_rollout(m: Model, d: Data, ctrl: Tensor, segment: int, mode: BackwardMode,
-                         observe: Observe = None) -> Any:
-    """The observations (as ``run_steps``) of an unbatched d under ctrl [T, nu], recomputing segments of
-    ``segment`` steps in the backward pass.
+def checkpointed_rollout(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], horizon: int, segment: int,
+                         mode: BackwardMode, observe: Observe = None) -> Any:
+    """The observations (as ``run_steps``) of an unbatched d over ``horizon`` steps of ``control``,
+    recomputing segments of ``segment`` steps in the backward pass.
 
     The last segment keeps its tape (as torch.utils.checkpoint.checkpoint_sequential does): the
     backward pass needs it first, so recomputing it would only cost time.
     """
-    horizon = ctrl.shape[0]
-    tail = horizon - segment * ((horizon - 1) // segment)  # steps in the last segment
-    if tail == horizon:
-        return run_steps(m, d, ctrl, mode, observe)[0]
-    head, last = _checkpointed(m, d, ctrl[: horizon - tail], segment, mode, observe)
-    return join([head, run_steps(m, last, ctrl[horizon - tail :], mode, observe)[0]], torch.cat)
-
-
-def _checkpointed(m: Model, d: Data, ctrl: Tensor, segment: int, mode: BackwardMode,
-                  observe: Observe) -> tuple[Any, Data]:
-    """(The observations of the steps of ctrl [T, nu], the Data after the last step)."""
-    horizon = ctrl.shape[0]
+    head = segment * ((horizon - 1) // segment)  # steps before the last segment
+    if head == 0:
+        return run_steps(m, d, control, params, range(horizon), mode, observe)[0]
     m_leaves, model_spec = pytree.tree_flatten(m)
-    layout = Layout(model_spec=model_spec, n_model=len(m_leaves), n_input=len(HELD_INPUTS),
-                    segment=segment, horizon=horizon, mode=mode, observe=observe)
-    flat = (*m_leaves, *(getattr(d, n) for n in HELD_INPUTS), *(getattr(d, n) for n in STATE_FIELDS), ctrl)
+    layout = Layout(model_spec=model_spec, n_model=len(m_leaves), n_input=len(HELD_INPUTS), n_params=len(params),
+                    segment=segment, horizon=head, mode=mode, control=control, observe=observe)
+    flat = (*m_leaves, *(getattr(d, n) for n in HELD_INPUTS), *(getattr(d, n) for n in STATE_FIELDS), *params)
     out = CheckpointedRollout.apply(layout, *flat)
     if observe is None:
-        spec = pytree.tree_flatten(make_data(m, (horizon,)))[1]
+        spec = pytree.tree_flatten(make_data(m, (head,)))[1]
     else:  # stacking keeps a pytree's structure; observe runs once more, on d, to learn it
         with torch.no_grad():
             spec = pytree.tree_flatten(observe(m, d))[1]
     n_obs = len(out) - _n_boundaries(layout) - len(STATE_FIELDS)
     last = d.replace(**dict(zip(STATE_FIELDS, out[n_obs : n_obs + len(STATE_FIELDS)])))
-    return pytree.tree_unflatten(list(out[:n_obs]), spec), last
+    tail = run_steps(m, last, control, params, range(head, horizon), mode, observe)[0]
+    return join([pytree.tree_unflatten(list(out[:n_obs]), spec), tail], torch.cat)
