@@ -210,8 +210,8 @@ def test_bad_input_is_refused():
     mjm, m, d, cost, _, _ = _reach()
     with pytest.raises(ValueError, match="ctrl must be"):
         optim.ilqr(m, d, torch.zeros(10, 3, dtype=m.dtype), cost)
-    with pytest.raises(ValueError, match="unbatched"):
-        optim.ilqr(m, diffmj.make_data(m, batch_shape=(2,)), torch.zeros(10, 2, dtype=m.dtype), cost)
+    with pytest.raises(ValueError, match="batch shape \\(3,\\), the initial states \\(2,\\)"):
+        optim.ilqr(m, diffmj.make_data(m, batch_shape=(2,)), torch.zeros(3, 10, 2, dtype=m.dtype), cost)
     with pytest.raises(ValueError, match="float32"):
         optim.ilqr(m, d, torch.zeros(10, 2, dtype=torch.float32), cost)
     with pytest.raises(ValueError, match="positive"):

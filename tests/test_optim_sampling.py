@@ -239,8 +239,8 @@ def test_bad_input_is_refused():
         optim.mppi(m, d, nominal, cost, temperature=0.0)
     with pytest.raises(ValueError, match="elite_fraction"):
         optim.cem(m, d, nominal, cost, elite_fraction=0.0)
-    with pytest.raises(ValueError, match="unbatched"):
-        optim.predictive_sampling(m, diffmj.make_data(m, batch_shape=(2,)), nominal, cost)
+    with pytest.raises(ValueError, match="batch shape \\(3,\\), the initial states \\(2,\\)"):
+        optim.predictive_sampling(m, diffmj.make_data(m, batch_shape=(2,)), nominal.expand(3, 4, m.nu), cost)
     with pytest.raises(ValueError, match="sizes"):
         optim.rollout_mujoco(mujoco.MjModel.from_xml_string("<mujoco/>"), m, d, nominal[None])
     with pytest.raises(ValueError, match="steps"):
