@@ -245,3 +245,29 @@ def test_bad_input_is_refused():
         optim.rollout_mujoco(mujoco.MjModel.from_xml_string("<mujoco/>"), m, d, nominal[None])
     with pytest.raises(ValueError, match="steps"):
         optim.mpc(m, d, lambda d, u: None, nominal, 0)
+
+
+@pytest.mark.parametrize("planner", SAMPLERS, ids=lambda f: f.__name__)
+def test_a_batch_of_initial_states_equals_a_loop(planner):
+    """Each element planned on its own, given the generator as passed: a seed gives every element the same
+    draws, a torch.Generator is drawn from by the elements in turn."""
+    mjm, m, d, cost, _, _ = _reach()
+    states = torch.stack([d, d.replace(qvel=torch.tensor([1.0, -0.5], dtype=m.dtype))])
+    nominal = torch.zeros(4, m.nu, dtype=m.dtype)
+    settings = dict(num_samples=16, noise=0.5, iterations=2, horizon=20, spline="cubic", mj_model=mjm)
+
+    def same(batch, loop):
+        for name in ("ctrl", "knots", "cost", "cost_history"):
+            torch.testing.assert_close(getattr(batch, name), torch.stack([getattr(r, name) for r in loop]),
+                                       rtol=0, atol=0)
+        torch.testing.assert_close(batch.trajectory.qpos, torch.stack([r.trajectory.qpos for r in loop]),
+                                   rtol=0, atol=0)
+
+    seeded = planner(m, states, nominal, cost, generator=3, **settings)
+    same(seeded, [planner(m, states[i], nominal, cost, generator=3, **settings) for i in range(2)])
+    shared = planner(m, states, nominal, cost, generator=torch.Generator().manual_seed(3), **settings)
+    generator = torch.Generator().manual_seed(3)
+    same(shared, [planner(m, states[i], nominal, cost, generator=generator, **settings) for i in range(2)])
+    # the first element draws the same in both; the second draws anew from the shared generator
+    torch.testing.assert_close(shared.knots[0], seeded.knots[0], rtol=0, atol=0)
+    assert (shared.knots[1] - seeded.knots[1]).abs().max() > 1e-3
