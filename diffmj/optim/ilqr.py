@@ -37,7 +37,8 @@ from diffmj.optim.validate import check_start, ctrl_bounds
 
 
 class ILQRResult(NamedTuple):
-    """What ``ilqr`` returns.
+    """What ``ilqr`` returns (with leading batch dimensions S for a batch of initial states, as
+    ``diffmj.optim.batch`` describes).
 
     ctrl [T, nu]: the plan. trajectory: Data [T], the Data after each step (as ``diffmj.rollout``).
     gains [T, nu, ns]: feedback K_t at the returned plan, u = ctrl_t + K_t dx_t with dx_t the tangent

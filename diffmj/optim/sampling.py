@@ -34,7 +34,8 @@ from diffmj.optim.validate import check_start, ctrl_bounds
 
 
 class SamplingResult(NamedTuple):
-    """What the sampling planners return.
+    """What the sampling planners return (with leading batch dimensions S for a batch of initial states, as
+    ``diffmj.optim.batch`` describes).
 
     ctrl [T, nu]: the plan's controls (clamped). knots [K, nu]: the plan's knots. trajectory: Data [T],
     the Data after each step of the plan (from ``mujoco.rollout``: only the state, FULLPHYSICS, and ctrl
