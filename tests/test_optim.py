@@ -210,11 +210,38 @@ def test_bad_input_is_refused():
     mjm, m, d, cost, _, _ = _reach()
     with pytest.raises(ValueError, match="ctrl must be"):
         optim.ilqr(m, d, torch.zeros(10, 3, dtype=m.dtype), cost)
-    with pytest.raises(ValueError, match="unbatched"):
-        optim.ilqr(m, diffmj.make_data(m, batch_shape=(2,)), torch.zeros(10, 2, dtype=m.dtype), cost)
+    with pytest.raises(ValueError, match="batch shape \\(3,\\), the initial states \\(2,\\)"):
+        optim.ilqr(m, diffmj.make_data(m, batch_shape=(2,)), torch.zeros(3, 10, 2, dtype=m.dtype), cost)
     with pytest.raises(ValueError, match="float32"):
         optim.ilqr(m, d, torch.zeros(10, 2, dtype=torch.float32), cost)
     with pytest.raises(ValueError, match="positive"):
         optim.L2(0.0)
     with pytest.raises(ValueError, match="T \\+ 1 states"):
         optim.trajectory_cost(m, cost, torch.stack([d, d]), torch.zeros(3, 2, dtype=m.dtype))
+
+
+def test_ilqr_over_a_batch_of_initial_states_equals_a_loop():
+    """Initial states [2, 2], each planned on its own from its own controls. On the linear point mass one
+    iteration solves a start from zero controls, and none is needed from the optimum, so the histories
+    differ in length: the shorter one repeats its final cost."""
+    m = diffmj.put_model(mujoco.MjModel.from_xml_string(POINT_MASS.format(mass=MASS)))
+    cost = optim.Cost(running=(optim.Term(lambda m, d: d.qpos, 3.0), optim.Term(lambda m, d: d.ctrl, 0.05)),
+                      terminal=(optim.Term(lambda m, d: d.qvel, 5.0),))
+    qvel = torch.tensor([[[0.2, 0.4], [0.5, 0.0]], [[-0.3, 0.1], [1.0, -1.0]]], dtype=m.dtype)
+    states = diffmj.make_data(m, batch_shape=(2, 2)).replace(qvel=qvel)
+    ctrl = torch.zeros(2, 2, 8, m.nu, dtype=m.dtype)
+    ctrl[0, 1] = optim.ilqr(m, states[0, 1], ctrl[0, 1], cost).ctrl
+    batch = optim.ilqr(m, states, ctrl, cost)
+    loop = [optim.ilqr(m, states[i, j], ctrl[i, j], cost) for i in range(2) for j in range(2)]
+    assert batch.ctrl.shape == (2, 2, 8, m.nu) and batch.trajectory.batch_size == (2, 2, 8)
+    assert batch.iterations.tolist() == [[1, 0], [1, 1]] == [[r.iterations for r in loop[:2]],
+                                                              [r.iterations for r in loop[2:]]]
+    for name in ("ctrl", "gains", "cost", "regularization", "converged"):
+        expected = torch.stack([torch.as_tensor(getattr(r, name)) for r in loop]).reshape(getattr(batch, name).shape)
+        torch.testing.assert_close(getattr(batch, name), expected, rtol=0, atol=0, check_dtype=False)
+    torch.testing.assert_close(batch.trajectory.qpos.reshape(4, 8, 2), torch.stack([r.trajectory.qpos for r in loop]),
+                               rtol=0, atol=0)
+    at_optimum = loop[1].cost_history
+    assert at_optimum.shape == (1,) and at_optimum[0] > 0
+    torch.testing.assert_close(batch.cost_history[0, 1], at_optimum.expand(2), rtol=0, atol=0)
+    torch.testing.assert_close(batch.cost_history[1, 0], loop[2].cost_history, rtol=0, atol=0)

@@ -243,6 +243,9 @@ def test_mpc_policy_carries_the_warm_start():
     policy.reset()
     torch.testing.assert_close(policy(d), first, rtol=0, atol=0)
     torch.testing.assert_close(nominals[2], start, rtol=0, atol=0)
+    batched = optim.MPCPolicy(planner, torch.stack((start, -start)))  # plans [2, T, nu]: time is the last but one
+    torch.testing.assert_close(batched(d), torch.stack((start[0], -start[0])) + 1, rtol=0, atol=0)
+    torch.testing.assert_close(batched(d), torch.stack((start[1], -start[1])) + 2, rtol=0, atol=0)
 
 
 def test_bad_input_is_refused():
@@ -260,9 +263,35 @@ def test_bad_input_is_refused():
         optim.mppi(m, d, nominal, cost, temperature=0.0)
     with pytest.raises(ValueError, match="elite_fraction"):
         optim.cem(m, d, nominal, cost, elite_fraction=0.0)
-    with pytest.raises(ValueError, match="unbatched"):
-        optim.predictive_sampling(m, diffmj.make_data(m, batch_shape=(2,)), nominal, cost)
+    with pytest.raises(ValueError, match="batch shape \\(3,\\), the initial states \\(2,\\)"):
+        optim.predictive_sampling(m, diffmj.make_data(m, batch_shape=(2,)), nominal.expand(3, 4, m.nu), cost)
     with pytest.raises(ValueError, match="sizes"):
         optim.rollout_mujoco(mujoco.MjModel.from_xml_string("<mujoco/>"), m, d, nominal[None])
     with pytest.raises(ValueError, match="steps"):
         optim.mpc(m, d, lambda d, u: None, nominal, 0)
+
+
+@pytest.mark.parametrize("planner", SAMPLERS, ids=lambda f: f.__name__)
+def test_a_batch_of_initial_states_equals_a_loop(planner):
+    """Each element planned on its own, given the generator as passed: a seed gives every element the same
+    draws, a torch.Generator is drawn from by the elements in turn."""
+    mjm, m, d, cost, _, _ = _reach()
+    states = torch.stack([d, d.replace(qvel=torch.tensor([1.0, -0.5], dtype=m.dtype))])
+    nominal = torch.zeros(4, m.nu, dtype=m.dtype)
+    settings = dict(num_samples=16, noise=0.5, iterations=2, horizon=20, spline="cubic", mj_model=mjm)
+
+    def same(batch, loop):
+        for name in ("ctrl", "knots", "cost", "cost_history"):
+            torch.testing.assert_close(getattr(batch, name), torch.stack([getattr(r, name) for r in loop]),
+                                       rtol=0, atol=0)
+        torch.testing.assert_close(batch.trajectory.qpos, torch.stack([r.trajectory.qpos for r in loop]),
+                                   rtol=0, atol=0)
+
+    seeded = planner(m, states, nominal, cost, generator=3, **settings)
+    same(seeded, [planner(m, states[i], nominal, cost, generator=3, **settings) for i in range(2)])
+    shared = planner(m, states, nominal, cost, generator=torch.Generator().manual_seed(3), **settings)
+    generator = torch.Generator().manual_seed(3)
+    same(shared, [planner(m, states[i], nominal, cost, generator=generator, **settings) for i in range(2)])
+    # the first element draws the same in both; the second draws anew from the shared generator
+    torch.testing.assert_close(shared.knots[0], seeded.knots[0], rtol=0, atol=0)
+    assert (shared.knots[1] - seeded.knots[1]).abs().max() > 1e-3

@@ -1,4 +1,5 @@
-"""What to do with gradients: costs (MJPC-style residual norms), planners (iLQR, sampling, MPC)
+"""What to do with gradients: costs (MJPC-style residual norms), planners (iLQR, gradient shooting,
+sampling, MPC; each over one initial state or a batch of them)
 and system identification (``diffmj.optim.sysid``).
 
 A layer above the engine, ``diffmj.grad`` and ``diffmj.rollout``: it uses diffmj's public API only,
@@ -19,6 +20,7 @@ from diffmj.optim.cost import (
 from diffmj.optim import sysid
 from diffmj.optim.ilqr import BackwardPass, ILQRResult, IterationInfo, backward_pass, ilqr
 from diffmj.optim.mpc import MPCPolicy, MPCResult, mpc, shift_ctrl
+from diffmj.optim.shooting import ShootingInfo, ShootingResult, gradient_shooting
 from diffmj.optim.sampling import SamplingResult, cem, mppi, predictive_sampling, rollout_costs, rollout_mujoco
 from diffmj.optim.spline import SPLINES, interpolate, knot_times, shift_knots, spline_ctrl
 
@@ -35,11 +37,14 @@ __all__ = [
     "Quadratic",
     "SPLINES",
     "SamplingResult",
+    "ShootingInfo",
+    "ShootingResult",
     "SmoothAbs",
     "Term",
     "backward_pass",
     "cem",
     "cost_derivatives",
+    "gradient_shooting",
     "ilqr",
     "interpolate",
     "knot_times",

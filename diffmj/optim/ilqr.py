@@ -32,11 +32,13 @@ from torch import Tensor
 
 from diffmj import BackwardMode, Data, Model, differentiate_pos, get_data_into, grad, step
 from diffmj.optim.cost import Cost, CostDerivatives, cost_derivatives, trajectory_cost
-from diffmj.optim.validate import check_start
+from diffmj.optim.batch import over_initial_states
+from diffmj.optim.validate import check_start, ctrl_bounds
 
 
 class ILQRResult(NamedTuple):
-    """What ``ilqr`` returns.
+    """What ``ilqr`` returns (with leading batch dimensions S for a batch of initial states, as
+    ``diffmj.optim.batch`` describes).
 
     ctrl [T, nu]: the plan. trajectory: Data [T], the Data after each step (as ``diffmj.rollout``).
     gains [T, nu, ns]: feedback K_t at the returned plan, u = ctrl_t + K_t dx_t with dx_t the tangent
@@ -152,6 +154,7 @@ def _jacobians_fd(mjm: mujoco.MjModel, states: Data, ctrl: Tensor, eps: float) -
     return (torch.as_tensor(A, device=ctrl.device).to(ctrl.dtype), torch.as_tensor(B, device=ctrl.device).to(ctrl.dtype))
 
 
+@over_initial_states
 def ilqr(
     m: Model,
     d: Data,
@@ -173,7 +176,9 @@ def ilqr(
 ) -> ILQRResult:
     """Minimise ``cost`` over the controls from the state d by iLQR, starting from ctrl [T, nu].
 
-    d: one unbatched Data (the initial state, model dtype). Stops (converged) when the predicted
+    d: the initial state (model dtype); with leading batch dimensions S, each element is planned on its own
+    (a loop, ``diffmj.optim.batch``; the callback sees each element's iterations in turn) from ctrl
+    [T, nu] or [*S, T, nu], and every field of the result gains S. Stops (converged) when the predicted
     decrease of a full step or the decrease of an accepted one is below ``tolerance * (1 + |cost|)``
     (the gains are then those of the final plan), otherwise after ``max_iterations`` forward passes, or when
     the regularisation exceeds ``regularization_max``.
@@ -193,10 +198,7 @@ def ilqr(
     if fd_model is not None and (fd_model.nv, fd_model.nq, fd_model.na, fd_model.nu) != (m.nv, m.nq, m.na, m.nu):
         raise ValueError("fd_model's sizes (nv, nq, na, nu) differ from the model's")
 
-    limited = torch.tensor(m.actuator_ctrllimited, dtype=torch.bool, device=m.device)
-    inf = torch.full((m.nu,), torch.inf, dtype=m.dtype, device=m.device)
-    lower = torch.where(limited, m.actuator_ctrlrange[:, 0], -inf).detach()
-    upper = torch.where(limited, m.actuator_ctrlrange[:, 1], inf).detach()
+    lower, upper = ctrl_bounds(m)
 
     d = d.detach()
     states, plan, total = _forward_pass(m, cost, d, ctrl.detach(), None, None, lower, upper, backward_mode)

@@ -28,8 +28,8 @@ class MPCResult(NamedTuple):
 
 
 def shift_ctrl(plan: Any) -> Tensor:
-    """The default warm start: the plan's controls [T, nu] one step later, the last one repeated."""
-    return torch.cat((plan.ctrl[1:], plan.ctrl[-1:]))
+    """The default warm start: the plan's controls [..., T, nu] one step later, the last one repeated."""
+    return torch.cat((plan.ctrl[..., 1:, :], plan.ctrl[..., -1:, :]), -2)
 
 
 class MPCPolicy:
@@ -54,10 +54,10 @@ class MPCPolicy:
         self.plan = None
 
     def __call__(self, d: Data) -> Tensor:
-        """Plan from d; the plan's first control [nu], detached."""
+        """Plan from d (batched or not); the plan's first control [..., nu], detached."""
         self.plan = self.planner(d, self.nominal)
         self.nominal = self.warm_start(self.plan)
-        return self.plan.ctrl[0].detach()
+        return self.plan.ctrl[..., 0, :].detach()
 
 
 def mpc(m: Model, d: Data, planner: Callable[[Data, Tensor], Any], nominal: Tensor, steps: int, *,

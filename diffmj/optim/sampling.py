@@ -29,11 +29,13 @@ from torch import Tensor
 from diffmj import Data, Model, State, get_state, rollout, set_state
 from diffmj.optim.cost import Cost, trajectory_cost
 from diffmj.optim.spline import SPLINES, spline_ctrl
-from diffmj.optim.validate import check_start
+from diffmj.optim.batch import over_initial_states
+from diffmj.optim.validate import check_start, ctrl_bounds
 
 
 class SamplingResult(NamedTuple):
-    """What the sampling planners return.
+    """What the sampling planners return (with leading batch dimensions S for a batch of initial states, as
+    ``diffmj.optim.batch`` describes).
 
     ctrl [T, nu]: the plan's controls (clamped). knots [K, nu]: the plan's knots. trajectory: Data [T],
     the Data after each step of the plan (from ``mujoco.rollout``: only the state, FULLPHYSICS, and ctrl
@@ -101,19 +103,12 @@ def rollout_costs(m: Model, d: Data, ctrl: Tensor, cost: Cost, *, mj_model: mujo
     return trajectory_cost(m, cost, states, ctrl).sum(-1), trajectory
 
 
-def _bounds(m: Model) -> tuple[Tensor, Tensor]:
-    """Lower and upper control bounds [nu] (-inf / inf where the actuator is not ctrl-limited)."""
-    limited = torch.tensor(m.actuator_ctrllimited, dtype=torch.bool, device=m.device)
-    inf = torch.full((m.nu,), torch.inf, dtype=m.dtype, device=m.device)
-    return (torch.where(limited, m.actuator_ctrlrange[:, 0], -inf).detach(),
-            torch.where(limited, m.actuator_ctrlrange[:, 1], inf).detach())
-
-
 # update(candidates [N, K, nu], costs [N], std [K, nu]) -> (new nominal knots [K, nu], new std, index of
 # the new nominal among the candidates or None when it is none of them)
 _Update = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, int | None]]
 
 
+@over_initial_states
 def _plan(m: Model, d: Data, nominal: Tensor, cost: Cost, update: _Update, num_samples: int, noise: float | Tensor,
           iterations: int, horizon: int | None, spline: str, generator: torch.Generator | int | None,
           mj_model: mujoco.MjModel | None, threads: int) -> SamplingResult:
@@ -135,7 +130,7 @@ def _plan(m: Model, d: Data, nominal: Tensor, cost: Cost, update: _Update, num_s
     std = std.expand(nominal.shape).clone()
     if isinstance(generator, int):
         generator = torch.Generator(m.device).manual_seed(generator)
-    lower, upper = _bounds(m)
+    lower, upper = ctrl_bounds(m)
 
     def evaluate(knots: Tensor) -> tuple[Tensor, Tensor, Data]:
         ctrl = torch.minimum(torch.maximum(spline_ctrl(knots, horizon, spline), lower), upper)
@@ -168,11 +163,16 @@ def predictive_sampling(m: Model, d: Data, nominal: Tensor, cost: Cost, *, num_s
     """Predictive sampling (MJPC): each iteration keeps the best of the nominal and num_samples - 1
     perturbations of it, so the cost never increases.
 
-    m, d: the model and one unbatched initial Data. nominal: knots [K, nu] (model dtype) spread over
+    m, d: the model and the initial Data. nominal: knots [K, nu] (model dtype) spread over
     ``horizon`` steps (default K: one knot per step), interpolated by ``spline`` ("zero", "linear",
     "cubic"). noise: the perturbation's standard deviation, scalar or [nu], in control units.
     generator: a torch.Generator or a seed (None: torch's global generator). mj_model: roll out in MuJoCo
     C (``rollout_mujoco``) with ``threads`` threads instead of diffmj.
+
+    A batch of initial states d [*S] (nominal [K, nu] or [*S, K, nu]) is planned element by element
+    (``diffmj.optim.batch``), each call given ``generator`` as passed: a seed gives every element the same
+    draws (common random numbers), a torch.Generator (or the global one) is drawn from by the elements in
+    turn, as a Python loop over them would.
     """
 
     def best(candidates: Tensor, costs: Tensor, std: Tensor) -> tuple[Tensor, Tensor, int]:
