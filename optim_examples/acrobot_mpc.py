@@ -8,7 +8,10 @@ by the task's cost, and applies the plan's first control to MuJoCo C's ``mj_step
 The example prints when the tip came up and where it ends, writes a plot of each plan's cost and the
 trajectory (optim_examples/out/acrobot_mpc.png) and a GIF of the run (acrobot_mpc.gif).
 
-Run: python optim_examples/acrobot_mpc.py [--duration 8] [--horizon 2] [--samples 64] [--seed 0]
+Measured (seed 0, --samples 128): the tip reaches the target at t = 9.7 s but is not held yet (64
+samples and noise 0.5: 2 m short after 8 s).
+
+Run: python optim_examples/acrobot_mpc.py [--duration 10] [--horizon 2] [--noise 1] [--samples 128]
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from optim_examples import swingup, tasks
 
 
 def main(argv: list[str] | None = None) -> bool:
-    args = swingup.mpc_options(__doc__.splitlines()[0], duration=8.0, horizon=2.0, noise=0.5, argv=argv)
+    args = swingup.mpc_options(__doc__.splitlines()[0], duration=10.0, horizon=2.0, noise=1.0, samples=128,
+                               argv=argv)
     return swingup.mpc(tasks.acrobot(), args)
 
 

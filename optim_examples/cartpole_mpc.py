@@ -17,7 +17,7 @@ from optim_examples import swingup, tasks
 
 
 def main(argv: list[str] | None = None) -> bool:
-    args = swingup.mpc_options(__doc__.splitlines()[0], duration=6.0, horizon=1.5, noise=0.5, argv=argv)
+    args = swingup.mpc_options(__doc__.splitlines()[0], duration=6.0, horizon=1.5, noise=0.5, samples=64, argv=argv)
     return swingup.mpc(tasks.cartpole(), args)
 
 

@@ -38,13 +38,13 @@ def ilqr_options(description: str, duration: float, timestep: float, iterations:
     return parser.parse_args(argv)
 
 
-def mpc_options(description: str, duration: float, horizon: float, noise: float,
+def mpc_options(description: str, duration: float, horizon: float, noise: float, samples: int,
                 argv: list[str] | None) -> argparse.Namespace:
     """The MPC examples' options, with the example's defaults."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--duration", type=float, default=duration, help="seconds of closed loop")
     parser.add_argument("--horizon", type=float, default=horizon, help="seconds each plan looks ahead")
-    parser.add_argument("--samples", type=int, default=64, help="candidates per plan (the nominal included)")
+    parser.add_argument("--samples", type=int, default=samples, help="candidates per plan (the nominal included)")
     parser.add_argument("--noise", type=float, default=noise, help="knot perturbation's standard deviation")
     parser.add_argument("--knots", type=int, default=10, help="cubic spline knots over the horizon (MJPC's 10)")
     parser.add_argument("--seed", type=int, default=0)
