@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
           f"error {np.linalg.norm(achieved - np.asarray(args.target)):.4f} m")
 
     xy = np.array(xy)
-    curves = {f"{body} {axis} (m)": xy[:, i, j] for i, body in enumerate(("box", "pusher")) for j, axis in enumerate("xy")}
+    curves = {f"{body} {axis} (m)": xy[:, i, j]
+              for i, body in enumerate(("box", "pusher")) for j, axis in enumerate("xy")}
     report.save_plot(args.out / "push_box.png", f"push a box to ({args.target[0]}, {args.target[1]}) by Adam "
                      "through contact (MuJoCo C replay)", {"final box error (m)": errors}, "iteration",
                      np.arange(1, args.horizon + 1) * mjm.opt.timestep, curves)

@@ -77,7 +77,8 @@ def ilqr(task: tasks.Task, args: argparse.Namespace, push: float) -> bool:
              for name, states in (("diffmj", planned), ("MuJoCo C", replayed))}
     for name, (qpos, qvel) in final.items():
         print(f"{name + ':':10s}{task.describe(qpos, qvel)}")
-    difference = max((planned.qpos - replayed.qpos).abs().max().item(), (planned.qvel - replayed.qvel).abs().max().item())
+    difference = max((planned.qpos - replayed.qpos).abs().max().item(),
+                     (planned.qvel - replayed.qvel).abs().max().item())
     swung_up = task.error(final["MuJoCo C"][0]) < task.tolerance
     print(f"largest state difference between the two runs {difference:.2e}; "
           f"MuJoCo C's run ends up (within {task.tolerance} of the goal): {'yes' if swung_up else 'NO'}")
