@@ -4,15 +4,17 @@ A 1-dof mass-spring-damper driven by a motor; jointpos / jointvel sensors. MuJoC
 sequences (mj_step, then sensordata) with the "true" parameters (mass 2, damping 0.5, gear 1.5)
 and optional Gaussian sensor noise; diffmj fits them from a wrong model (mass 1, damping 0.1,
 gear 1) by Levenberg-Marquardt on exact Jacobians (``diffmj.optim.sysid.fit``), and with
-``--minimize`` also by ``mujoco.minimize.least_squares`` given diffmj's Jacobian.
+``--minimize`` also by ``mujoco.minimize.least_squares`` given diffmj's Jacobian. It writes a plot of the
+cost per iteration and of the recorded, initial and fitted positions (optim_examples/out/sysid_mass_damping.png).
 
-Run: python optim_examples/sysid_mass_damping.py [--horizon 40] [--noise 0.0] [--minimize]
+Run: python optim_examples/sysid_mass_damping.py [--horizon 40] [--noise 0.0] [--minimize] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import pathlib
 import time
 
 import mujoco
@@ -22,6 +24,7 @@ import torch
 
 import diffmj
 from diffmj.optim import sysid
+from optim_examples import report
 
 XML = """
 <mujoco><option timestep="0.02"/>
@@ -46,12 +49,14 @@ def record(mjm: mujoco.MjModel, qpos0: np.ndarray, ctrl: np.ndarray) -> np.ndarr
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--horizon", type=int, default=40, help="steps of 20 ms per sequence")
     parser.add_argument("--noise", type=float, default=0.0, help="sensor noise standard deviation")
     parser.add_argument("--minimize", action="store_true", help="also solve with mujoco.minimize.least_squares")
-    args = parser.parse_args()
+    parser.add_argument("--iterations", type=int, default=100, help="Levenberg-Marquardt iterations at most")
+    parser.add_argument("--out", type=pathlib.Path, default=report.DEFAULT_OUT, help="directory for the plot")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)  # tiny matrices: threading costs more than it saves
 
     qpos0 = np.array([[0.1], [-0.2]])
@@ -69,10 +74,9 @@ def main() -> None:
         sysid.Parameter("actuator_gear", "motor", index=0),
     ]
 
-    def report(iteration: int, cost: float, x: torch.Tensor) -> None:
-        print(f"iter {iteration:2d}  cost {cost:.3e}", flush=True)
-
-    result = sysid.fit(m, params, data, callback=report)
+    with report.Progress(args.iterations, "Levenberg-Marquardt") as bar:
+        result = sysid.fit(m, params, data, max_iterations=args.iterations,
+                           callback=lambda iteration, cost, x: bar.update(cost=cost))
     print(f"diffmj LM: {result.iterations} iterations ({result.status}), cost {result.cost_history[0]:.3e} -> "
           f"{result.cost:.3e}, {result.wall_time:.1f}s")
     for p, true in zip(params, TRUE.values()):
@@ -95,6 +99,15 @@ def main() -> None:
     if args.noise == 0.0:
         print(f"largest error: {max(abs(result.params[p.label].item() - v) for p, v in zip(params, TRUE.values())):.1e}"
               f" (noiseless: {'ok' if all(math.isclose(result.params[p.label].item(), v, abs_tol=1e-6) for p, v in zip(params, TRUE.values())) else 'NOT recovered'})")
+
+    # the first sequence's position: recorded, by the initial model, by the fitted one
+    initial = diffmj.rollout(m, d, data.ctrl).sensordata[0, :, 0]
+    fitted = diffmj.rollout(sysid.apply(m, params, result.x), d, data.ctrl).sensordata[0, :, 0]
+    curves = {"recorded (MuJoCo C)": measured[0, :, 0], "initial model": initial.detach().numpy(),
+              "fitted model": fitted.detach().numpy()}
+    report.save_plot(args.out / "sysid_mass_damping.png", "system identification: mass, damping, gear",
+                     {"0.5 |residual|^2": result.cost_history.numpy()}, "iteration", (np.arange(args.horizon) + 1) * 0.02,
+                     curves)
 
 
 if __name__ == "__main__":
