@@ -27,6 +27,7 @@ from torch import Tensor
 
 from diffmj.solver import Inputs, Settings, finish, hessian_factor, residual, settings_and_inputs, solve_qacc
 from diffmj.types import Data, Model
+from diffmj.workarounds import derivative_requested
 
 
 def residual_inputs(x: Inputs) -> tuple[str, ...]:
@@ -106,8 +107,8 @@ def _implicit_by_correction(settings: Settings, inputs: Inputs) -> Tensor:
     """The implicit adjoint with plain operations (see the module docstring). [nv]"""
     constant = pytree.tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, inputs)
     qacc = solve_qacc(settings, constant)
-    if not torch.is_grad_enabled():
-        return qacc
+    if not derivative_requested(t for t in pytree.tree_leaves(inputs) if isinstance(t, Tensor)):
+        return qacc  # without it the graph has no Hessian factor and residual to compile and run
     chol = hessian_factor(settings, constant, qacc)
     correction = -torch.cholesky_solve(residual(settings, inputs, qacc)[..., None], chol)[..., 0]
     return qacc + (correction - correction.detach())
