@@ -17,6 +17,9 @@ instead, silently) and rejects a custom ``jvp``. There the same adjoint is
 written with plain operations: qacc* + c - stop_gradient(c), with the Newton
 correction c = -H^-1 r(qacc*, theta) (H and qacc* held constant; r = 0 at the
 optimum so the value is unchanged) has exactly the derivative -H^-1 dr/dtheta.
+The correction is traced only when a derivative may be asked for (an input
+requires grad, or a torch.func transform is active): a compiled step without
+gradients neither compiles nor runs it.
 """
 
 from __future__ import annotations
