@@ -9,7 +9,9 @@ plain code would.
 * ``add_at_distinct`` / ``add_blocks`` / ``sum_at``: the scatter-adds of the physics,
   written so that no ``index_add`` reaches inductor's CPU code (pytorch/pytorch#191837).
 * ``transform_active`` / ``all_true``: functorch's wrappers, read in eager mode only,
-  for which no public API exists.
+  for which no public API exists; ``derivative_requested``: whether autograd or a
+  transform may differentiate, which under compile decides whether the implicit
+  adjoint's correction is traced at all.
 * ``bounded_loop``: a loop whose body Dynamo traces once (torch._higher_order_ops'
   while_loop / scan), so compile time does not grow with the iteration count.
 """
@@ -104,6 +106,17 @@ def all_true(done: Tensor) -> bool:
     while torch._C._functorch.is_functorch_wrapped_tensor(done):
         done = torch._C._functorch.get_unwrapped(done)
     return bool(done.all())
+
+
+def derivative_requested(tensors) -> bool:
+    """Whether a derivative of a computation on ``tensors`` may be asked for, readable under Dynamo.
+
+    With grad mode on: any tensor requires grad, or a torch.func transform is active (its
+    wrappers do not report requires_grad: vmap's never do, so any transform counts).
+    """
+    if not torch.is_grad_enabled():
+        return False
+    return torch._C._are_functorch_transforms_active() or any(t.requires_grad for t in tensors)
 
 
 def _only_vmap_active() -> bool:
