@@ -171,6 +171,7 @@ class Model(PyTreeNode):
     # ---- options and derived index plans
     opt: Option
     backward_mode: BackwardMode = static_field()
+    early_exit: bool = static_field()  # the solver stops once converged (put_model's early_exit)
     names: Names = static_field()  # object names by type, for lookups by name
     tree: TreePlan
     tendon_plan: TendonPlan

@@ -130,7 +130,8 @@ def _only_vmap_active() -> bool:
         return _only_vmap_active()
 
 
-def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, unroll: bool = False) -> tuple:
+def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, unroll: bool = False,
+                 early_exit: bool = True) -> tuple:
     """carry = body(carry) at most ``iterations`` times, stopping once carry[0] (a bool ``done``) holds.
 
     ``body`` must freeze done elements (torch.where), so stopping early or not gives the same
@@ -138,20 +139,24 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
     loop that stops when all_true(done). Under torch.compile Dynamo would unroll that loop, so
     compile time would grow with ``iterations``; the body is traced once instead:
 
-    * no functorch transform: ``while_loop``, which stops when done;
+    * no functorch transform: ``while_loop``, which stops when done (without ``early_exit``:
+      ``scan`` for the full count, as under vmap);
     * only vmap: ``scan`` for the full count (2.13's while_loop has no vmap rule); the carry's
       initial values must be batched like the body's outputs;
     * grad / jvp transforms: the Python loop (2.13's scan and while_loop fail under them:
       "Expected FakeTensor, got <class 'torch.Tensor'>").
+
+    Without ``early_exit`` every path runs the full count and never reads ``done`` on the host
+    (eager: no all_true, so no device synchronisation; what CUDA-graph capture needs).
     """
     compiling = torch.compiler.is_compiling()
     if unroll or not compiling or not _only_vmap_active():
         for _ in range(iterations):
-            if all_true(carry[0]):  # done elements are frozen: stopping changes nothing
+            if early_exit and all_true(carry[0]):  # done elements are frozen: stopping changes nothing
                 break
             carry = body(carry)
         return carry
-    if not torch._C._are_functorch_transforms_active():
+    if early_exit and not torch._C._are_functorch_transforms_active():
         count = torch.zeros((), dtype=torch.int64, device=carry[0].device)
 
         def cond(i, *c):
