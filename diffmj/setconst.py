@@ -111,9 +111,9 @@ def _dof_invweight0(m: Model, inv_m: Tensor) -> Tensor:
             sliding_dofs += range(m.jnt_dofadr[j], m.jnt_dofadr[j] + nv)
             sliding_bodies += [body] * nv
     group = torch.tensor(group, dtype=torch.long, device=m.device)
-    count = torch.bincount(group, minlength=m.nv).to(m.dtype)
-    total = torch.zeros(m.nv, dtype=m.dtype, device=m.device).index_add(0, group, inv_m.diagonal())
-    invweight = (total / torch.clamp(count, min=1))[group]
+    count = torch.bincount(group).to(m.dtype)  # [ngroups]
+    total = torch.zeros_like(count).index_add(0, group, inv_m.diagonal())  # summed in dof order, as MuJoCo
+    invweight = (total / count)[group]
     if sliding_dofs:
         invweight = invweight.index_copy(0, torch.tensor(sliding_dofs, device=m.device), _inverse_mass(m, sliding_bodies))
     return invweight

@@ -36,7 +36,7 @@ TOL = {
     # step (measured 1.9e-7: qacc of a compiled float32 step)
     "float32": 1e-5,
     # derived constants (set_const) against mj_setConst: M^-1 at qpos0 rounds with M's condition number
-    # (measured 6.4e-15: chain's dof_invweight0; 3.2e-14 relative to the value on hopper's)
+    # (measured 1.2e-14: humanoid's dof_invweight0 after its parameters changed)
     "setconst": 1e-12,
     # central differences with step 1e-6 against exact derivatives: truncation (eps^2 |f'''|) plus
     # rounding (1e-16 / eps) by bound; measured 1.5e-7 through contacts, 1e-14 on smooth losses
