@@ -25,10 +25,11 @@ callbacks; the sampling planners have none, and as every iteration rolls out the
 candidates, iteration i's time is i / iterations of the call's wall time. The final plan is replayed in
 MuJoCo C (``optim.rollout_mujoco``) and its final state scored by the task's ``error``.
 
-Closed loop: ``optim.mpc(..., plant=mj_model)`` for ``--seeds`` seeds; seed s draws the initial joint
-velocities N(0, ``perturbation``^2) and seeds the sampling noise. Each MPC step runs one planner
-iteration (MJPC's real-time setting) warm-started by the last plan shifted one step. Success: the task's
-``error`` below its ``tolerance`` at every step of the last ``hold`` seconds.
+Closed loop: ``optim.mpc(..., plant=mj_model)`` for ``--seeds`` seeds (the sampling planners) or
+``--gradient-seeds`` (iLQR and shooting, on ``--gradient-mpc-tasks`` only: see GRADIENT_MPC_TASKS); seed s
+draws the initial joint velocities N(0, ``perturbation``^2) and seeds the sampling noise. Each MPC step
+runs one planner iteration (MJPC's real-time setting) warm-started by the last plan shifted one step.
+Success: the task's ``error`` below its ``tolerance`` at every step of the last ``hold`` seconds.
 
 Writes ``benchmarks/results/planners.json`` (after every record) and prints markdown tables;
 ``python benchmarks/plot.py benchmarks/results/planners.json`` plots cost against wall time.
@@ -61,9 +62,11 @@ from optim_examples import tasks  # noqa: E402
 
 PLANNERS = ("ilqr_exact", "ilqr_fd", "shooting", "predictive_sampling", "mppi", "cem")
 SAMPLING = {"predictive_sampling": optim.predictive_sampling, "mppi": optim.mppi, "cem": optim.cem}
-# iLQR at every MPC step of the hopper costs seconds (diffmj's forward passes through contact), and
-# shooting's L-BFGS step about 5 rollouts and gradients: both are left out of the default MPC runs
 MPC_PLANNERS = ("predictive_sampling", "mppi", "cem", "ilqr_fd")
+# An iLQR plan rolls the horizon out in diffmj eager at least twice (the nominal, the line search's
+# trials), ~20 ms a step here: ~3 s per MPC step on the cart-pole (10 min per 4 s run), ~8 s on the
+# hopper. By default the gradient-based planners run in MPC on the cart-pole only, with their own seed count.
+GRADIENT_MPC_TASKS = ("cartpole",)
 KNOTS = 10  # cubic spline knots over the horizon, MJPC's default
 ELITE_FRACTION, MIN_NOISE = 0.1, 0.01  # CEM
 LBFGS_STEPS = 5  # L-BFGS's inner iterations per shooting iteration (its line search needs at least 4)
@@ -105,20 +108,22 @@ def setups() -> dict[str, Setup]:
 
 class Budget(NamedTuple):
     """How much each planner may do: iterations open loop per kind, candidates per sampling iteration,
-    MPC seeds, and a factor on every task's MPC duration (the hold window is min(hold, duration))."""
+    MPC seeds of the sampling planners and of the gradient-based ones (iLQR, shooting), and a factor on
+    every task's MPC duration (the hold window is min(hold, duration))."""
 
     ilqr_iterations: int
     shooting_iterations: int
     sampling_iterations: int
     samples: int
     seeds: int
+    gradient_seeds: int
     mpc_duration_scale: float
 
 
-FULL = Budget(ilqr_iterations=30, shooting_iterations=10, sampling_iterations=100, samples=64, seeds=10,
-              mpc_duration_scale=1.0)
+FULL = Budget(ilqr_iterations=15, shooting_iterations=4, sampling_iterations=100, samples=64, seeds=10,
+              gradient_seeds=1, mpc_duration_scale=1.0)
 QUICK = Budget(ilqr_iterations=2, shooting_iterations=1, sampling_iterations=5, samples=16, seeds=2,
-               mpc_duration_scale=0.05)
+               gradient_seeds=1, mpc_duration_scale=0.05)
 
 
 class Loaded(NamedTuple):
@@ -283,6 +288,8 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=list(setups()), choices=list(setups()))
     parser.add_argument("--planners", nargs="*", default=list(PLANNERS), choices=PLANNERS, help="open loop")
     parser.add_argument("--mpc-planners", nargs="*", default=list(MPC_PLANNERS), choices=PLANNERS)
+    parser.add_argument("--gradient-mpc-tasks", nargs="*", default=list(GRADIENT_MPC_TASKS), choices=list(setups()),
+                        help="tasks on which iLQR and shooting run in MPC")
     parser.add_argument("--sampling-backend", choices=("mujoco", "diffmj"), default="mujoco",
                         help="where the sampling planners roll candidates out")
     for field in Budget._fields:
@@ -323,7 +330,10 @@ def main() -> None:
                  f"{r['final_cost']:.1f}; MuJoCo C: {r['mujoco_final_state']}")
     for name, setup in chosen.items():
         for planner in args.mpc_planners:
-            for seed in range(budget.seeds):
+            gradient = planner not in SAMPLING
+            if gradient and name not in args.gradient_mpc_tasks:
+                continue
+            for seed in range(budget.gradient_seeds if gradient else budget.seeds):
                 r = closed_loop(planner, setup, budget, args.sampling_backend, seed)
                 save(r, "closed_loop", f"[{time.perf_counter() - start:6.0f}s] MPC {name} {planner} seed {seed}: "
                      f"{'up' if r['success'] else 'NOT up'}, final error {r['final_error']:.3f}, "
