@@ -45,7 +45,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import mujoco
 import numpy as np
@@ -64,7 +64,7 @@ PLANNERS = ("ilqr_exact", "ilqr_fd", "shooting", "predictive_sampling", "mppi", 
 SAMPLING = {"predictive_sampling": optim.predictive_sampling, "mppi": optim.mppi, "cem": optim.cem}
 MPC_PLANNERS = ("predictive_sampling", "mppi", "cem", "ilqr_fd")
 # An iLQR plan rolls the horizon out in diffmj eager at least twice (the nominal, the line search's
-# trials), ~20 ms a step here: ~3 s per MPC step on the cart-pole (10 min per 4 s run), ~8 s on the
+# trials), ~20 ms a step here: 1.3-3 s per MPC step on the cart-pole (4-10 min per 4 s run), 5-8 s on the
 # hopper. By default the gradient-based planners run in MPC on the cart-pole only, with their own seed count.
 GRADIENT_MPC_TASKS = ("cartpole",)
 KNOTS = 10  # cubic spline knots over the horizon, MJPC's default
@@ -140,31 +140,32 @@ def steps(seconds: float, timestep: float) -> int:
     return max(1, round(seconds / timestep))
 
 
+def sampling_options(name: str, setup: Setup, budget: Budget) -> dict:
+    """A sampling planner's settings: its keyword arguments but the horizon, iterations, generator and
+    backend."""
+    options = {"num_samples": budget.samples, "noise": setup.noise, "spline": "cubic"}
+    if name == "mppi":
+        options["temperature"] = setup.temperature
+    if name == "cem":
+        options |= {"elite_fraction": ELITE_FRACTION, "min_noise": MIN_NOISE}
+    return options
+
+
 def planner_settings(name: str, setup: Setup, budget: Budget, backend: str) -> dict:
     """The settings a planner runs with, as recorded in the JSON."""
     if name.startswith("ilqr"):
         return {"controls": "per step", "jacobians": "exact" if name == "ilqr_exact" else "mjd_transitionFD"}
     if name == "shooting":
         return {"controls": "per step", "optimizer": f"L-BFGS(max_iter={LBFGS_STEPS}, strong_wolfe)"}
-    settings = {"controls": f"{KNOTS} cubic knots", "samples": budget.samples, "noise": setup.noise,
-                "rollouts": backend}
-    if name == "mppi":
-        settings["temperature"] = setup.temperature
-    if name == "cem":
-        settings |= {"elite_fraction": ELITE_FRACTION, "min_noise": MIN_NOISE}
-    return settings
+    return {"controls": f"{KNOTS} knots", "rollouts": backend} | sampling_options(name, setup, budget)
 
 
 def sampling_planner(name: str, loaded: Loaded, setup: Setup, budget: Budget, backend: str, horizon: int,
-                     iterations: int, generator: torch.Generator) -> Callable[[diffmj.Data, torch.Tensor], optim.SamplingResult]:
+                     iterations: int, generator: torch.Generator) -> Callable[[diffmj.Data, torch.Tensor], Any]:
     """``(d, knots) -> plan`` for one of the sampling planners with the benchmark's settings."""
-    options = {"num_samples": budget.samples, "noise": setup.noise, "iterations": iterations, "horizon": horizon,
-               "spline": "cubic", "generator": generator,
-               "mj_model": loaded.mj_model if backend == "mujoco" else None}
-    if name == "mppi":
-        options["temperature"] = setup.temperature
-    if name == "cem":
-        options |= {"elite_fraction": ELITE_FRACTION, "min_noise": MIN_NOISE}
+    options = sampling_options(name, setup, budget) | {
+        "iterations": iterations, "horizon": horizon, "generator": generator,
+        "mj_model": loaded.mj_model if backend == "mujoco" else None}
     return lambda d, knots: SAMPLING[name](loaded.m, d, knots, setup.task.cost, **options)
 
 
