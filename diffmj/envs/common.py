@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from diffmj.forward import forward, step
@@ -71,3 +72,11 @@ def check_frame_skip(frame_skip: int) -> int:
     if not isinstance(frame_skip, int) or frame_skip < 1:
         raise ValueError(f"frame_skip must be a positive integer, got {frame_skip!r}")
     return frame_skip
+
+
+def select_worlds(keep: Tensor, old: Data, new: Data) -> Data:
+    """old's worlds where keep [*batch] (bool) is set, new's elsewhere (a partial reset)."""
+    def pick(old_value: Tensor, new_value: Tensor) -> Tensor:
+        return torch.where(keep.reshape(*keep.shape, *[1] * (old_value.dim() - keep.dim())), old_value, new_value)
+
+    return pytree.tree_map(pick, old, new)

@@ -43,6 +43,7 @@ from diffmj.envs.common import (
     initial_data,
     never_terminated,
     regulation_reward,
+    select_worlds,
     state_observation,
 )
 from diffmj.io import make_data
@@ -118,10 +119,7 @@ class DiffMJEnv(_DiffMJEnvBase):
         fresh = self._initial_data(self.batch_size)
         mask = None if tensordict is None else tensordict.get("_reset", None)
         if mask is not None:  # redraw the worlds marked in "_reset" only
-            keep = ~mask.reshape(self.batch_size)
-            fresh = fresh.replace(**{name: torch.where(keep.reshape(*keep.shape, *[1] * (old.dim() - keep.dim())),
-                                                       old, getattr(fresh, name))
-                                     for name, old in self.data.items()})
+            fresh = select_worlds(~mask.reshape(self.batch_size), self.data, fresh)
         self.data = fresh
         return TensorDict(self._outputs(fresh, None), batch_size=self.batch_size, device=self.device)
 
