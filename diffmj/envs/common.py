@@ -67,11 +67,12 @@ def advance(m: Model, d: Data, action: Tensor, frame_skip: int) -> Data:
     return d
 
 
-def check_frame_skip(frame_skip: int) -> int:
-    """frame_skip, or a ValueError when it is not a positive integer."""
+def check_options(frame_skip: int, reset_noise_scale: float) -> None:
+    """A ValueError unless frame_skip is a positive integer and reset_noise_scale non-negative."""
     if not isinstance(frame_skip, int) or frame_skip < 1:
         raise ValueError(f"frame_skip must be a positive integer, got {frame_skip!r}")
-    return frame_skip
+    if not reset_noise_scale >= 0:
+        raise ValueError(f"reset_noise_scale must be non-negative, got {reset_noise_scale}")
 
 
 def select_worlds(keep: Tensor, old: Data, new: Data) -> Data:

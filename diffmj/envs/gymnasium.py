@@ -23,18 +23,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from diffmj.envs.common import (
-    Observe,
-    Reward,
-    Terminated,
-    advance,
-    check_frame_skip,
-    initial_data,
-    never_terminated,
-    regulation_reward,
-    select_worlds,
-    state_observation,
-)
+from diffmj.envs import common
 from diffmj.io import get_data_into, make_data, put_model
 from diffmj.types import Data
 
@@ -42,19 +31,22 @@ from diffmj.types import Data
 class _Simulation:
     """What both environments do with a batch of worlds: spaces, reset, step and render, numpy in and out."""
 
-    def __init__(self, mj_model: mujoco.MjModel, frame_skip: int, reset_noise_scale: float, observe: Observe,
-                 reward: Reward, terminated: Terminated, max_episode_steps: int | None, render_size: tuple[int, int]):
+    def __init__(self, mj_model: mujoco.MjModel, *, frame_skip: int = 1, reset_noise_scale: float = 0.01,
+                 observe: common.Observe = common.state_observation,
+                 reward: common.Reward = common.regulation_reward,
+                 terminated: common.Terminated = common.never_terminated, max_episode_steps: int | None = None,
+                 render_size: tuple[int, int] = (240, 320)):
         if not isinstance(mj_model, mujoco.MjModel):
             raise ValueError(f"mj_model must be a mujoco.MjModel, got {type(mj_model).__name__}")
-        if reset_noise_scale < 0:
-            raise ValueError(f"reset_noise_scale must be non-negative, got {reset_noise_scale}")
+        common.check_options(frame_skip, reset_noise_scale)
         if max_episode_steps is not None and max_episode_steps < 1:
             raise ValueError(f"max_episode_steps must be positive or None, got {max_episode_steps}")
         self.mj_model, self.model = mj_model, put_model(mj_model)
-        self.frame_skip, self.reset_noise_scale = check_frame_skip(frame_skip), reset_noise_scale
+        self.frame_skip, self.reset_noise_scale = frame_skip, reset_noise_scale
         self.observe, self.reward, self.terminated = observe, reward, terminated
         self.max_episode_steps, self.render_size = max_episode_steps, render_size
         self.renderer = None
+        self.render_fps = round(1 / (mj_model.opt.timestep * frame_skip))
         n_obs = observe(self.model, make_data(self.model)).shape[-1]
         self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (n_obs,), np.float64)
         limited = np.asarray(mj_model.actuator_ctrllimited, bool)
@@ -66,7 +58,7 @@ class _Simulation:
         """Fresh initial Data of a batch drawn from rng, and its observation [*batch, n_obs]."""
         noise = rng.uniform(-self.reset_noise_scale, self.reset_noise_scale, (2, *batch, self.model.nv))
         with torch.no_grad():
-            d = initial_data(self.model, *torch.from_numpy(noise))
+            d = common.initial_data(self.model, *torch.from_numpy(noise))
             return d, self.observe(self.model, d).numpy()
 
     def step(self, d: Data, action: np.ndarray) -> tuple[Data, np.ndarray, np.ndarray, np.ndarray]:
@@ -74,7 +66,7 @@ class _Simulation:
         action = np.asarray(action, np.float64)
         with torch.no_grad():
             action = torch.from_numpy(action).reshape(d.ctrl.shape)
-            d = advance(self.model, d, action, self.frame_skip)
+            d = common.advance(self.model, d, action, self.frame_skip)
             m = self.model
             return d, self.observe(m, d).numpy(), self.reward(m, d, action).numpy(), self.terminated(m, d).numpy()
 
@@ -97,20 +89,18 @@ class DiffMJGymEnv(gymnasium.Env):
     """One diffmj world as a ``gymnasium.Env`` (see the module docstring).
 
     mj_model: the MuJoCo model (diffmj's float64 Model is built from it; rendering uses it).
-    render_size: (height, width) of ``render()``'s images.
+    options (keywords; defaults): frame_skip (1), reset_noise_scale (0.01), observe, reward, terminated
+    (``diffmj.envs.common``'s defaults), max_episode_steps (None), render_size ((240, 320): height, width
+    of ``render()``'s images).
     """
 
     metadata = {"render_modes": ["rgb_array"]}
 
-    def __init__(self, mj_model: mujoco.MjModel, *, frame_skip: int = 1, reset_noise_scale: float = 0.01,
-                 observe: Observe = state_observation, reward: Reward = regulation_reward,
-                 terminated: Terminated = never_terminated, max_episode_steps: int | None = None,
-                 render_mode: str | None = None, render_size: tuple[int, int] = (240, 320)):
-        self.sim = _Simulation(mj_model, frame_skip, reset_noise_scale, observe, reward, terminated,
-                               max_episode_steps, render_size)
+    def __init__(self, mj_model: mujoco.MjModel, *, render_mode: str | None = None, **options):
+        self.sim = _Simulation(mj_model, **options)
         self.observation_space, self.action_space = self.sim.observation_space, self.sim.action_space
         self.render_mode = render_mode
-        self.metadata = {**self.metadata, "render_fps": round(1 / (mj_model.opt.timestep * frame_skip))}
+        self.metadata = {**self.metadata, "render_fps": self.sim.render_fps}
         self.data, self.steps = make_data(self.sim.model), 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
@@ -141,20 +131,15 @@ class DiffMJVectorEnv(gymnasium.vector.VectorEnv):
 
     metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, mj_model: mujoco.MjModel, num_envs: int, *, frame_skip: int = 1,
-                 reset_noise_scale: float = 0.01, observe: Observe = state_observation,
-                 reward: Reward = regulation_reward, terminated: Terminated = never_terminated,
-                 max_episode_steps: int | None = None, render_mode: str | None = None,
-                 render_size: tuple[int, int] = (240, 320)):
+    def __init__(self, mj_model: mujoco.MjModel, num_envs: int, *, render_mode: str | None = None, **options):
         if num_envs < 1:
             raise ValueError(f"num_envs must be positive, got {num_envs}")
-        self.sim = _Simulation(mj_model, frame_skip, reset_noise_scale, observe, reward, terminated,
-                               max_episode_steps, render_size)
+        self.sim = _Simulation(mj_model, **options)
         self.num_envs, self.render_mode = num_envs, render_mode
         self.single_observation_space, self.single_action_space = self.sim.observation_space, self.sim.action_space
         self.observation_space = gymnasium.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gymnasium.vector.utils.batch_space(self.single_action_space, num_envs)
-        self.metadata = {**self.metadata, "render_fps": round(1 / (mj_model.opt.timestep * frame_skip))}
+        self.metadata = {**self.metadata, "render_fps": self.sim.render_fps}
         self.data = make_data(self.sim.model, (num_envs,))
         self.steps = np.zeros(num_envs, np.int64)
         self.needs_reset = np.zeros(num_envs, bool)
@@ -171,7 +156,7 @@ class DiffMJVectorEnv(gymnasium.vector.VectorEnv):
         self.steps += 1
         if self.needs_reset.any():  # next-step autoreset: these worlds start over instead of stepping
             fresh, fresh_observation = self.sim.reset((self.num_envs,), self.np_random)
-            stepped = select_worlds(torch.from_numpy(~self.needs_reset), stepped, fresh)
+            stepped = common.select_worlds(torch.from_numpy(~self.needs_reset), stepped, fresh)
             observation = np.where(self.needs_reset[:, None], fresh_observation, observation)
             reward = np.where(self.needs_reset, 0.0, reward)
             terminated = terminated & ~self.needs_reset

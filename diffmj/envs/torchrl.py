@@ -34,18 +34,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Composite, Unbounded
 from torchrl.envs import EnvBase
 
-from diffmj.envs.common import (
-    Observe,
-    Reward,
-    Terminated,
-    advance,
-    check_frame_skip,
-    initial_data,
-    never_terminated,
-    regulation_reward,
-    select_worlds,
-    state_observation,
-)
+from diffmj.envs import common
 from diffmj.io import make_data
 from diffmj.state import get_state, set_state, state_size
 from diffmj.types import Data, Model, State
@@ -59,15 +48,15 @@ class _DiffMJEnvBase(EnvBase):
     _has_frame_skip = True
 
     def __init__(self, m: Model, batch_size: tuple[int, ...] | int = (), *, frame_skip: int = 1,
-                 reset_noise_scale: float = 0.01, observe: Observe = state_observation,
-                 reward: Reward = regulation_reward, terminated: Terminated = never_terminated):
+                 reset_noise_scale: float = 0.01, observe: common.Observe = common.state_observation,
+                 reward: common.Reward = common.regulation_reward,
+                 terminated: common.Terminated = common.never_terminated):
         batch_size = (batch_size,) if isinstance(batch_size, int) else tuple(batch_size)
         if not isinstance(m, Model):
             raise ValueError(f"m must be a diffmj.Model (diffmj.put_model / diffmj.load), got {type(m).__name__}")
-        if reset_noise_scale < 0:
-            raise ValueError(f"reset_noise_scale must be non-negative, got {reset_noise_scale}")
+        common.check_options(frame_skip, reset_noise_scale)
         super().__init__(device=m.device, batch_size=torch.Size(batch_size))
-        self.model, self.frame_skip, self.reset_noise_scale = m, check_frame_skip(frame_skip), reset_noise_scale
+        self.model, self.frame_skip, self.reset_noise_scale = m, frame_skip, reset_noise_scale
         self.observe, self.reward_fn, self.terminated_fn = observe, reward, terminated
         self.generator = torch.Generator(device=m.device)
         n_obs = observe(m, make_data(m)).shape[-1]
@@ -90,7 +79,7 @@ class _DiffMJEnvBase(EnvBase):
         m = self.model
         noise = torch.rand((2, *batch, m.nv), generator=self.generator, dtype=m.dtype, device=m.device)
         noise = self.reset_noise_scale * (2 * noise - 1)
-        return initial_data(m, noise[0], noise[1])
+        return common.initial_data(m, noise[0], noise[1])
 
     def _outputs(self, d: Data, action: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """observation, terminated, done and (after a step, action not None) reward of d."""
@@ -119,13 +108,13 @@ class DiffMJEnv(_DiffMJEnvBase):
         fresh = self._initial_data(self.batch_size)
         mask = None if tensordict is None else tensordict.get("_reset", None)
         if mask is not None:  # redraw the worlds marked in "_reset" only
-            fresh = select_worlds(~mask.reshape(self.batch_size), self.data, fresh)
+            fresh = common.select_worlds(~mask.reshape(self.batch_size), self.data, fresh)
         self.data = fresh
         return TensorDict(self._outputs(fresh, None), batch_size=self.batch_size, device=self.device)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         action = tensordict.get("action")
-        self.data = advance(self.model, self.data, action, self.frame_skip)
+        self.data = common.advance(self.model, self.data, action, self.frame_skip)
         return TensorDict(self._outputs(self.data, action), batch_size=self.batch_size, device=self.device)
 
 
@@ -158,5 +147,5 @@ class DiffMJModelEnv(_DiffMJEnvBase):
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         m, batch, action = self.model, tensordict.batch_size, tensordict.get("action")
         d = set_state(m, make_data(m, batch), tensordict.get("state"), State.INTEGRATION)
-        d = advance(m, d, action, self.frame_skip)
+        d = common.advance(m, d, action, self.frame_skip)
         return TensorDict(self._outputs(d, action), batch_size=batch, device=self.device)
