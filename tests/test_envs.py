@@ -18,7 +18,9 @@ from gymnasium.utils.env_checker import check_env
 from tensordict.nn import TensorDictModule
 from torchrl.data import Bounded, Unbounded
 from torchrl.envs.utils import check_env_specs
-from torchrl.modules.planners import CEMPlanner
+from torchrl.modules import ValueOperator
+from torchrl.modules.planners import CEMPlanner, MPPIPlanner
+from torchrl.objectives.value import TDLambdaEstimator
 
 import diffmj
 from diffmj.envs import common
@@ -174,13 +176,27 @@ def test_gradients_through_env_rollout_are_diffmj_rollouts():
         torch.testing.assert_close(got, want, rtol=TOL["batch"], atol=TOL["batch"])
 
 
-def test_torchrl_planner_plans_over_the_stateless_env():
-    """CEMPlanner expands the state over its candidates; its plan is a bounded action of the right shape,
-    and planning does not move the environment's state."""
+def cem(env: DiffMJModelEnv) -> CEMPlanner:
+    return CEMPlanner(env, planning_horizon=5, optim_steps=2, num_candidates=6, top_k=2)
+
+
+def mppi(env: DiffMJModelEnv) -> MPPIPlanner:
+    """MPPI with an (untrained) linear value of the observation for its advantage."""
+    n_obs = env.observation_spec["observation"].shape[-1]
+    value = ValueOperator(torch.nn.Linear(n_obs, 1, dtype=env.model.dtype), in_keys=["observation"])
+    advantage = TDLambdaEstimator(gamma=0.99, lmbda=0.95, value_network=value)
+    return MPPIPlanner(env, advantage, temperature=1.0, planning_horizon=5, optim_steps=2, num_candidates=6,
+                       top_k=2)
+
+
+@pytest.mark.parametrize("make_planner", [cem, mppi])
+def test_torchrl_planners_plan_over_the_stateless_env(make_planner):
+    """torchrl's planners expand the state over their candidates; the plan is a bounded action of the right
+    shape, planning does not move the environment's state, and the planner runs as a policy."""
     m = cartpole()
     env = DiffMJModelEnv(m, reset_noise_scale=0.1)
     env.set_seed(0)
-    planner = CEMPlanner(env, planning_horizon=5, optim_steps=2, num_candidates=6, top_k=2)
+    planner = make_planner(env)
     start = env.reset()
     planned = planner(start.clone())
     assert planned["action"].shape == (m.nu,) and planned["action"].abs().max() <= 1
