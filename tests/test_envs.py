@@ -109,6 +109,12 @@ def test_torchrl_reset_is_seeded_per_world_and_partial():
     assert torch.equal(out["observation"][kept], start["observation"][kept])
     torch.testing.assert_close(out["observation"][~kept], common.state_observation(m, env.data)[~kept], rtol=0, atol=0)
 
+    model_env = DiffMJModelEnv(m, reset_noise_scale=0.1)  # stateless: torchrl keeps the unmarked states
+    start = model_env.reset(model_env.reset().expand(4).clone())
+    out = model_env.reset(start.clone().set("_reset", reset))
+    assert torch.equal(out["state"][kept], start["state"][kept])
+    assert (out["state"][~kept] != start["state"][~kept]).any(-1).all()
+
 
 @pytest.mark.parametrize("make_model", [cartpole, pendulum])
 def test_torchrl_stepping_is_diffmj_stepping(make_model):

@@ -72,7 +72,10 @@ class _DiffMJEnvBase(EnvBase):
         self.reward_spec = Unbounded((*batch, 1), **kwargs)
 
     def _set_seed(self, seed: int | None) -> None:
-        self.generator.manual_seed(seed if seed is not None else torch.seed())
+        if seed is None:
+            self.generator.seed()  # a non-deterministic seed for this generator alone
+        else:
+            self.generator.manual_seed(seed)
 
     def _initial_data(self, batch: torch.Size) -> Data:
         """Fresh per-world initial states for a batch."""
