@@ -32,12 +32,22 @@ from torch import Tensor
 from diffmj.math import cross, dot, normalize
 
 
+class MeshShape(NamedTuple):
+    """The convex hull of a mesh geom, as MuJoCo's collision functions see it (see ``mesh.py``)."""
+
+    vert: Tensor  # [n, V, 3] the mesh's vertices in its frame, padded with copies of vertex 0
+    vert_poly: Tensor  # [n, V, P] long: the hull polygons at each vertex (-1: none)
+    poly_vert: Tensor  # [n, F, K] long: each hull polygon's vertices in order (-1 past the end)
+    poly_normal: Tensor  # [n, F, 3] outward unit normal of each hull polygon, in the mesh frame
+
+
 class GeomPose(NamedTuple):
     """Geoms of one type in world coordinates."""
 
     pos: Tensor  # [n, 3] geom_xpos
     mat: Tensor  # [n, 3, 3] geom_xmat
     size: Tensor  # [n, 3] geom_size
+    mesh: MeshShape | None = None  # mesh geoms only
 
 
 class Candidates(NamedTuple):

@@ -12,7 +12,7 @@ from typing import Callable, NamedTuple
 
 from torch import Tensor
 
-from diffmj.collision import box, convex, primitive
+from diffmj.collision import box, convex, mesh, primitive
 from diffmj.collision.common import Candidates, GeomPose
 from diffmj.enums import GeomType
 
@@ -48,6 +48,7 @@ COLLIDERS: dict[tuple[GeomType, GeomType], Collider] = {
     (_G.PLANE, _G.ELLIPSOID): Collider(primitive.plane_ellipsoid, 1),
     (_G.PLANE, _G.CYLINDER): Collider(primitive.plane_cylinder, 4),
     (_G.PLANE, _G.BOX): Collider(primitive.plane_box, 4),
+    (_G.PLANE, _G.MESH): Collider(mesh.plane_mesh, mesh.PLANE_CONTACTS),
     (_G.SPHERE, _G.SPHERE): Collider(primitive.sphere_sphere, 1),
     (_G.SPHERE, _G.CAPSULE): Collider(primitive.sphere_capsule, 1),
     (_G.SPHERE, _G.CYLINDER): Collider(primitive.sphere_cylinder, 1),
