@@ -32,6 +32,14 @@ from torch import Tensor
 from diffmj.math import cross, dot, normalize
 
 
+class GeomPose(NamedTuple):
+    """Geoms of one type in world coordinates."""
+
+    pos: Tensor  # [n, 3] geom_xpos
+    mat: Tensor  # [n, 3, 3] geom_xmat
+    size: Tensor  # [n, 3] geom_size
+
+
 class MeshShape(NamedTuple):
     """The convex hull of a mesh geom, as MuJoCo's collision functions see it (see ``mesh.py``)."""
 
@@ -41,13 +49,11 @@ class MeshShape(NamedTuple):
     poly_normal: Tensor  # [n, F, 3] outward unit normal of each hull polygon, in the mesh frame
 
 
-class GeomPose(NamedTuple):
-    """Geoms of one type in world coordinates."""
+class MeshPose(NamedTuple):
+    """Mesh geoms in world coordinates, with their hulls: what pair functions get for a mesh geom."""
 
-    pos: Tensor  # [n, 3] geom_xpos
-    mat: Tensor  # [n, 3, 3] geom_xmat
-    size: Tensor  # [n, 3] geom_size
-    mesh: MeshShape | None = None  # mesh geoms only
+    pose: GeomPose
+    shape: MeshShape
 
 
 class Candidates(NamedTuple):

@@ -949,7 +949,7 @@ def collide(kinds: tuple[GeomType, GeomType], geom1: GeomPose, geom2: GeomPose, 
     Also takes a single pair (pos [3], margin [] as under ``torch.vmap`` over the pairs).
     """
     if margin.dim() == 0:
-        one = lambda g: GeomPose(*(x[None] for x in g[:3]))  # noqa: E731
+        one = lambda g: GeomPose(*(x[None] for x in g))  # noqa: E731
         return Candidates(*(x[0] for x in collide(kinds, one(geom1), one(geom2), margin[None], max_contacts)))
     terms1, terms2 = _geom_terms(kinds[0], geom1), _geom_terms(kinds[1], geom2)
     sol = _penetration(terms1, terms2)

@@ -14,11 +14,18 @@ one batch (and under ``torch.vmap`` / ``torch.compile``):
 * ``vert_poly`` [nmesh, V, P], ``poly_vert`` [nmesh, F, K]: ids, -1 padded.
 * ``poly_normal`` [nmesh, F, 3].
 
-Mesh-plane (``mjc_PlaneConvex`` in MuJoCo 4) gives up to 4 contacts: the
-deepest vertex, then the polygon at it that faces the plane most directly
-(least ``normal . plane normal``) supplies the rest: its vertices within the
-margin, in the polygon's order starting at the deepest vertex; more than 4
-are reduced to 4 by MuJoCo's largest-quadrilateral search.
+Mesh-plane (``mjc_PlaneConvex`` in MuJoCo 4) gives up to 4 contacts, none
+unless the deepest vertex is within the margin. The hull polygon at the
+deepest vertex that faces the plane most directly (least ``normal . plane
+normal``) supplies them: its vertices in the polygon's order starting at the
+deepest one, cut to 4 by MuJoCo's largest-quadrilateral search when it has
+more; of these the deepest, and the others that lie within the margin and
+below the mesh's centre. This differs from the C source at hand (MuJoCo 3.12:
+up to 3 contacts from the deepest vertex's hull neighbours); the rule was
+established against mujoco 4.0's output (random convex hulls, irregular
+prisms with 12-gon faces, boxes, tetrahedra, with and without margin) and
+agrees with it to rounding wherever the choices involved (the deepest
+vertex, the polygon, the quadrilateral) are not tied.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from diffmj.collision.common import Candidates, GeomPose, MeshShape, compact, make_candidates
+from diffmj.collision.common import Candidates, GeomPose, MeshPose, MeshShape, compact, make_candidates
 from diffmj.collision.convex import largest_quad
 from diffmj.dataclass import PyTreeNode, pytree_dataclass
 from diffmj.math import dot, mat_t_vec, mat_vec
@@ -102,16 +109,17 @@ def _at(x: Tensor, index: Tensor) -> Tensor:
     return torch.take_along_dim(x, index.reshape(*index.shape, *(1,) * (x.dim() - 2)), 1)
 
 
-def plane_mesh(plane: GeomPose, mesh: GeomPose, margin: Tensor) -> Candidates:
+def plane_mesh(plane: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candidates:
     """mjc_PlaneConvex for a mesh: up to 4 contacts [n, 4] (see module doc).
 
-    Also takes a single pair (no leading dim), as under ``torch.vmap``.
+    Also takes a single pair (no leading dim), as under ``torch.vmap`` over the pairs.
     """
     if margin.dim() == 0:
-        one = lambda g: GeomPose(*(x[None] for x in g[:3]), g.mesh and MeshShape(*(x[None] for x in g.mesh)))  # noqa: E731
-        return Candidates(*(x[0] for x in plane_mesh(one(plane), one(mesh), margin[None])))
+        one = lambda t: type(t)(*(x[None] for x in t))  # noqa: E731
+        found = plane_mesh(one(plane), MeshPose(one(mesh_geom.pose), one(mesh_geom.shape)), margin[None])
+        return Candidates(*(x[0] for x in found))
+    mesh, shape = mesh_geom
     normal = plane.mat[..., :, 2]
-    shape = mesh.mesh
     down = mat_t_vec(mesh.mat, -normal)  # the support direction in the mesh frame
     deepest = (shape.vert * down[..., None, :]).sum(-1).argmax(-1, keepdim=True)  # [n, 1]
 
@@ -123,20 +131,24 @@ def plane_mesh(plane: GeomPose, mesh: GeomPose, margin: Tensor) -> Candidates:
     if ids.shape[-1] < PLANE_CONTACTS:
         ids = torch.cat((ids, torch.full_like(ids[..., :1], -1).expand(*ids.shape[:-1], PLANE_CONTACTS - ids.shape[-1])), -1)
 
-    # its vertices from the deepest on, those within the margin
+    # its vertices from the deepest on; more than 4: MuJoCo's largest quadrilateral of them
     count = (ids >= 0).sum(-1, keepdim=True).clamp(min=1)
     start = (ids == deepest).long().argmax(-1, keepdim=True)
     slots = torch.arange(ids.shape[-1], device=ids.device)
     ids = torch.take_along_dim(ids, (start + slots) % count, -1)
-    points = mat_vec(mesh.mat[..., None, :, :], _at(shape.vert, ids)) + mesh.pos[..., None, :]
-    dist = dot(points - plane.pos[..., None, :], normal[..., None, :])
-    valid, points, dist = compact((slots < count) & (dist <= margin[..., None]), ids.shape[-1], points, dist)
+    local = _at(shape.vert, ids)
+    points = mat_vec(mesh.mat[..., None, :, :], local) + mesh.pos[..., None, :]
+    quad, _ = largest_quad(points.detach(), count[..., 0])
+    pick = torch.where(count > PLANE_CONTACTS, quad, slots[:PLANE_CONTACTS])
+    local, points = _at(local, pick), _at(points, pick)
 
-    # more than 4: MuJoCo's largest quadrilateral
-    nvalid = valid.sum(-1)
-    quad, _ = largest_quad(points.detach(), nvalid)
-    pick = torch.where((nvalid > PLANE_CONTACTS)[..., None], quad, slots[:PLANE_CONTACTS])
-    valid, points, dist = (_at(x, pick) for x in (valid, points, dist))
+    # of these, the deepest vertex and those within the margin below the mesh's centre
+    dist = dot(points - plane.pos[..., None, :], normal[..., None, :])
+    threshold = torch.clamp(dot(normal, mesh.pos - plane.pos) - margin, min=0)
+    below = dot(local, down[..., None, :]) > threshold[..., None]
+    first = slots[:PLANE_CONTACTS] == 0
+    keep = (first | below) & (pick < count) & (dist[..., :1] <= margin[..., None])
+    valid, points, dist = compact(keep, PLANE_CONTACTS, points, dist)
     pos = points - 0.5 * dist[..., None] * normal[..., None, :]
     return make_candidates(valid, dist, pos, normal[..., None, :])
 

@@ -13,14 +13,15 @@ from typing import Callable, NamedTuple
 from torch import Tensor
 
 from diffmj.collision import box, convex, mesh, primitive
-from diffmj.collision.common import Candidates, GeomPose
+from diffmj.collision.common import Candidates, GeomPose, MeshPose
 from diffmj.enums import GeomType
 
 
 class Collider(NamedTuple):
     """Narrow phase of one type pair."""
 
-    collide: Callable[[GeomPose, GeomPose, Tensor], Candidates]  # (geom1, geom2, margin [n]) -> [n, max_contacts]
+    # (geom1, geom2, margin [n]) -> [n, max_contacts]; a mesh geom comes as a MeshPose
+    collide: Callable[[GeomPose | MeshPose, GeomPose | MeshPose, Tensor], Candidates]
     max_contacts: int  # contact slots per pair (MuJoCo's mj_maxContact, unless noted)
     general_convex: bool = False  # MuJoCo collides the pair with its general convex collision (mjc_Convex)
 
