@@ -138,8 +138,10 @@ def plane_mesh(plane: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candidat
     ids = torch.take_along_dim(ids, (start + slots) % count, -1)
     local = _at(shape.vert, ids)
     points = mat_vec(mesh.mat[..., None, :, :], local) + mesh.pos[..., None, :]
-    quad, _ = largest_quad(points.detach(), count[..., 0])
-    pick = torch.where(count > PLANE_CONTACTS, quad, slots[:PLANE_CONTACTS])
+    pick = slots[:PLANE_CONTACTS].expand(*count.shape[:-1], -1)
+    if ids.shape[-1] > PLANE_CONTACTS:  # some polygon has more vertices than contacts
+        quad, _ = largest_quad(points.detach(), count[..., 0])
+        pick = torch.where(count > PLANE_CONTACTS, quad, pick)
     local, points = _at(local, pick), _at(points, pick)
 
     # of these, the deepest vertex and those within the margin below the mesh's centre
