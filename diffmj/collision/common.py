@@ -47,6 +47,7 @@ class MeshShape(NamedTuple):
     vert_poly: Tensor  # [n, V, P] long: the hull polygons at each vertex (-1: none)
     poly_vert: Tensor  # [n, F, K] long: each hull polygon's vertices in order (-1 past the end)
     poly_normal: Tensor  # [n, F, 3] outward unit normal of each hull polygon, in the mesh frame
+    facet: Tensor  # [n, T, 3] long: the hull's triangles, counter-clockwise seen from outside (-1: none)
 
 
 class MeshPose(NamedTuple):

@@ -50,6 +50,7 @@ COLLIDERS: dict[tuple[GeomType, GeomType], Collider] = {
     (_G.PLANE, _G.CYLINDER): Collider(primitive.plane_cylinder, 4),
     (_G.PLANE, _G.BOX): Collider(primitive.plane_box, 4),
     (_G.PLANE, _G.MESH): Collider(mesh.plane_mesh, mesh.PLANE_CONTACTS),
+    (_G.SPHERE, _G.MESH): Collider(mesh.sphere_mesh, 1, general_convex=True),
     (_G.SPHERE, _G.SPHERE): Collider(primitive.sphere_sphere, 1),
     (_G.SPHERE, _G.CAPSULE): Collider(primitive.sphere_capsule, 1),
     (_G.SPHERE, _G.CYLINDER): Collider(primitive.sphere_cylinder, 1),
