@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -97,7 +98,9 @@ def main() -> None:
     records = run(args.sizes, args.batches, args.repeats)
     versions = {"torch": torch.__version__, "mujoco": mujoco.__version__, "python": platform.python_version(),
                 "machine": platform.machine()}
-    Path(args.out).write_text(json.dumps({"versions": versions, "records": records}, indent=1) + "\n")
+    load = os.getloadavg()  # the machine's load over the last 1, 5 and 15 minutes, at the end of the run
+    Path(args.out).write_text(json.dumps({"versions": versions, "load_average": load, "records": records},
+                                         indent=1) + "\n")
     print(table(records))
 
 
