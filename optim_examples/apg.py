@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import pathlib
 import platform
 import time
@@ -296,9 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)  # small matrices: threading costs more than it saves
     dtype = getattr(torch, args.dtype)
 
-    results = {"settings": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
+    results = {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "out", "no_video")},
                "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-                           "date": time.strftime("%Y-%m-%d %H:%M")},
+                           "date": time.strftime("%Y-%m-%d %H:%M"), "load_average_at_start": os.getloadavg()},
                "tasks": {}}
     panels = []
     for name in args.tasks:
