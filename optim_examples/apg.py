@@ -119,10 +119,7 @@ def squash(m: diffmj.Model, z: Tensor) -> Tensor:
 
 def initial_states(problem: Problem, worlds: int, generator: torch.Generator) -> diffmj.Data:
     """A batch [worlds] of initial Data drawn as ``DiffMJEnv``'s reset draws them."""
-    m = problem.m
-    noise = torch.rand((2, worlds, m.nv), generator=generator, dtype=m.dtype, device=m.device)
-    noise = problem.reset_noise * (2 * noise - 1)
-    return common.initial_data(m, noise[0], noise[1])
+    return common.random_initial_data(problem.m, (worlds,), problem.reset_noise, generator)
 
 
 def episode_return(problem: Problem, control: Callable[[Any, Tensor], Tensor], params: Any,

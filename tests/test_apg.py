@@ -56,5 +56,6 @@ def test_smallest_setting_improves_the_return(tmp_path):
     result = json.loads(curves.read_text())["tasks"]["cartpole"]
     returns = result["apg"]["return"]
     assert returns[-1] > returns[0], returns
-    assert result["ppo"]["return"][0] == returns[0]
+    # the same weights; PPO's last layer has nu more rows (the scale), which float32 matmuls round differently
+    assert result["ppo"]["return"][0] == pytest.approx(returns[0], rel=1e-6)
     assert result["ppo"]["simulator_steps"][-1] > 0 and len(result["ppo"]["return"]) >= 2
