@@ -248,7 +248,8 @@ def train_ppo(problem: Problem, args: argparse.Namespace, d_eval: diffmj.Data) -
                   lambda: episode_return(problem, control, dict(actor_net.named_parameters()), d_eval),
                   f"{problem.name} PPO")
     frames = args.worlds * args.ppo_steps
-    collector = Collector(env, actor, frames_per_batch=frames, total_frames=-1)
+    collector = Collector(env, actor, frames_per_batch=frames, total_frames=-1,
+                          auto_register_policy_transforms=False)  # a feed-forward policy: no InitTracker
     steps = 0
     for batch in collector:  # [worlds, ppo_steps]
         with torch.no_grad():
