@@ -1,4 +1,5 @@
-"""rollout() and rollout_policy(): many steps, open loop or under a policy, with checkpointed gradients."""
+"""rollout() and rollout_policy(): many steps, open loop or under a policy, with checkpointed gradients,
+each step eager or one compiled graph."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ from diffmj.workarounds import canonical_layout, transform_active
 
 ObserveArg = Sequence[str] | Callable[[Model, Data], Any] | None
 CompileArg = bool | dict[str, Any]
-
-
 
 
 class Control(NamedTuple):
@@ -70,9 +69,10 @@ def rollout(
     arguments, e.g. ``{"backend": "aot_eager"}``, over the defaults ``fullgraph=True, dynamic=False``);
     the loop over time stays in Python, so compile time does not grow with T. A batch is stepped by one
     compiled ``vmap`` of the step per time step. Checkpointing, results and gradients are eager's (to
-    rounding, with inductor). The first call compiles a graph without grad (the forward pass of
-    checkpointed segments) and one for each pattern of inputs requiring grad (the first step's, the later
-    steps'); later calls with the same model sizes reuse them from Dynamo's cache. Not inside
+    rounding, with inductor). All steps run two graphs, one without grad (no input requires grad, or the
+    forward pass of checkpointed segments) and one with; later rollouts reuse them from Dynamo's cache,
+    whose entries (one per model, batch size and set of model parameters, inputs or params requiring
+    grad) are at most ``torch._dynamo.config.recompile_limit`` per compiled function. Not inside
     ``torch.func`` transforms or ``torch.compile`` (PyTorch cannot call a compiled function there:
     pytorch/pytorch#128711): take gradients with ``torch.autograd`` (``.backward()``,
     ``torch.autograd.grad``).
