@@ -68,7 +68,7 @@ def measure(repo: Path, mode: str, iterations: int, batch: int, backend: str, ti
         env = dict(os.environ, PYTHONPATH=str(repo), TORCHINDUCTOR_CACHE_DIR=cache)
         args = [sys.executable, "-c", _CHILD, str(MODEL), str(iterations), str(batch), mode, backend]
         try:
-            proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(args, env=env, cwd=repo, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return dict(mode=mode, iterations=iterations, batch=batch, backend=backend, error=f"timeout {timeout:.0f} s")
     for line in proc.stdout.splitlines():

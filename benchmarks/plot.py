@@ -1,11 +1,13 @@
-"""Plot a step_throughput.py result: steps per second against batch size, one panel per model.
+"""Plot a benchmark's result: step_throughput.py's steps per second against batch size, one panel per
+model, or planners.py's cost against wall time, one panel per task.
 
     python benchmarks/plot.py                                   # results/step_throughput.json
     python benchmarks/plot.py results.json --out results.png
     python benchmarks/plot.py a.json b.json --out both.png       # the records of several runs
+    python benchmarks/plot.py benchmarks/results/planners.json   # -> planners.png
 
-Of several runs' records for the same model, backend and batch size, the last
-file's is plotted (a re-run replaces what it re-measured).
+Of several step_throughput runs' records for the same model, backend and batch size, the last
+file's is plotted (a re-run replaces what it re-measured). planners.py's result is plotted alone.
 
 Needs matplotlib, which is not a dependency of diffmj: install it into any
 environment (``pip install matplotlib``); this script reads only the JSON.
@@ -44,12 +46,25 @@ def main() -> None:
         sys.exit("plot.py needs matplotlib, which diffmj does not depend on: pip install matplotlib")
 
     results = [json.loads(path.read_text()) for path in args.json]
+    if "open_loop" in results[0]:
+        if len(results) > 1:
+            sys.exit("a planners.py result is plotted alone")
+        fig = plot_planners(plt, results[0])
+    else:
+        fig = plot_throughput(plt, results)
+    out = args.out or args.json[0].with_suffix(".png")
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
+def plot_throughput(plt, results: list[dict]):
+    """Steps per second against batch size, one panel per model: the figure."""
     latest = {(r["model"], r["backend"], r["batch_size"]): r
               for result in results for r in result["records"] if "steps_per_second" in r}
     records = list(latest.values())
     models = sorted({r["model"] for r in records})
     if not models:
-        sys.exit(f"{' '.join(map(str, args.json))}: no measured throughput to plot")
+        sys.exit("no measured throughput to plot")
     ncols = min(3, len(models))
     nrows = -(-len(models) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(7.0, 5.5 * ncols), 5.0 * nrows), squeeze=False)
@@ -76,9 +91,31 @@ def main() -> None:
     fig.suptitle(f"diffmj step throughput, {', '.join(dtypes)}, {', '.join(dates)}\n"
                  f"{machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}", fontsize="medium")
     fig.tight_layout(rect=(0, 0.04, 1, 1))  # room for the legend below the panels
-    out = args.out or args.json[0].with_suffix(".png")
-    fig.savefig(out, dpi=120)
-    print(f"wrote {out}")
+    return fig
+
+
+def plot_planners(plt, result: dict):
+    """Each open-loop planner's cost against wall time, one panel per task (log-log): the figure."""
+    tasks = list(dict.fromkeys(r["task"] for r in result["open_loop"]))
+    if not tasks:
+        sys.exit("no open-loop record to plot")
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.5), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        for r in result["open_loop"]:
+            if r["task"] == task:
+                times, costs = zip(*r["trace"])
+                # the first point is the initial plan at t = 0, which a log axis cannot show: at 1 ms
+                ax.plot([max(t, 1e-3) for t in times], costs, marker=".", label=r["planner"])
+        horizon = next(r for r in result["open_loop"] if r["task"] == task)["horizon"]
+        ax.set(xscale="log", yscale="log", title=f"{task} ({horizon} steps, open loop)", xlabel="wall time (s)",
+               ylabel="total cost")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    machine = result["machine"]
+    fig.suptitle(f"diffmj planners, {result['date'][:10]}, {machine['cpu']}, {machine['cores']} cores "
+                 f"(load average {machine['load_average_start'][0]:.1f} at the start)", fontsize="medium")
+    fig.tight_layout()
+    return fig
 
 
 if __name__ == "__main__":

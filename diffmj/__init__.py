@@ -5,6 +5,7 @@ from diffmj.forward import forward, step
 from diffmj.io import get_data, get_data_into, load, make_data, put_data, put_model
 from diffmj.params import get_param, set_param
 from diffmj.rollout import rollout, rollout_policy
+from diffmj.setconst import set_const
 from diffmj.state import differentiate_pos, get_state, integrate_pos, set_state, state_size
 from diffmj import grad
 from diffmj.types import (
@@ -75,6 +76,7 @@ __all__ = [
     "put_model",
     "rollout",
     "rollout_policy",
+    "set_const",
     "set_param",
     "set_state",
     "state_size",

@@ -17,6 +17,9 @@ instead, silently) and rejects a custom ``jvp``. There the same adjoint is
 written with plain operations: qacc* + c - stop_gradient(c), with the Newton
 correction c = -H^-1 r(qacc*, theta) (H and qacc* held constant; r = 0 at the
 optimum so the value is unchanged) has exactly the derivative -H^-1 dr/dtheta.
+The correction is traced only when a derivative may be asked for (an input
+requires grad, or a torch.func transform is active): a compiled step without
+gradients neither compiles nor runs it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch import Tensor
 
 from diffmj.solver import Inputs, Settings, finish, hessian_factor, residual, settings_and_inputs, solve_qacc
 from diffmj.types import Data, Model
+from diffmj.workarounds import derivative_requested
 
 
 def residual_inputs(x: Inputs) -> tuple[str, ...]:
@@ -121,8 +125,8 @@ def _implicit_by_correction(settings: Settings, inputs: Inputs) -> Tensor:
     """The implicit adjoint with plain operations (see the module docstring). [nv]"""
     constant = pytree.tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, inputs)
     qacc = solve_qacc(settings, constant)
-    if not torch.is_grad_enabled():
-        return qacc
+    if not derivative_requested(t for t in pytree.tree_leaves(inputs) if isinstance(t, Tensor)):
+        return qacc  # without it the graph has no Hessian factor and residual to compile and run
     chol = hessian_factor(settings, constant, qacc)
     correction = -torch.cholesky_solve(residual(settings, inputs, qacc)[..., None], chol)[..., 0]
     return qacc + (correction - correction.detach())

@@ -244,15 +244,19 @@ def _implicit(m: Model, d: Data) -> Data:
     return _advance(m, d, d.act_dot, qacc)
 
 
-def step_unbatched(m: Model, d: Data, mode: BackwardMode) -> Data:
-    """step() of one unbatched Data, unchecked (for diffmj.grad and rollout)."""
-    d = forward_unbatched(m, d, mode)
+def integrate(m: Model, d: Data, mode: BackwardMode) -> Data:
+    """Advance one unbatched Data that forward() has filled by a timestep of the model's integrator."""
     integrator = m.opt.integrator
     if integrator == IntegratorType.EULER:
         return _euler(m, d)
     if integrator == IntegratorType.RK4:
         return _rk4(m, d, mode)
     return _implicit(m, d)
+
+
+def step_unbatched(m: Model, d: Data, mode: BackwardMode) -> Data:
+    """step() of one unbatched Data, unchecked (for diffmj.grad and rollout)."""
+    return integrate(m, forward_unbatched(m, d, mode), mode)
 
 
 def resolve_backward_mode(m: Model, backward_mode: BackwardMode | None) -> BackwardMode:

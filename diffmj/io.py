@@ -183,10 +183,14 @@ def put_model(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float64,
     backward_mode: BackwardMode = BackwardMode.IMPLICIT,
+    early_exit: bool = True,
 ) -> Model:
     """Convert a ``mujoco.MjModel`` to a diffmj Model on ``device`` with float ``dtype``.
 
-    ``backward_mode`` chooses how gradients pass through the constraint solver.
+    ``backward_mode`` chooses how gradients pass through the constraint solver. ``early_exit``:
+    the solver stops iterating once converged (every batch element, in eager mode), as MuJoCo C
+    does; False runs ``opt.iterations`` (and ``opt.ls_iterations``) always, with no host
+    synchronisation inside a step (for CUDA-graph capture). Results are the same either way.
     """
     if not isinstance(mjm, mujoco.MjModel):
         raise TypeError(f"put_model expects a mujoco.MjModel, got {type(mjm).__name__}")
@@ -220,9 +224,9 @@ def put_model(
         disableactuator=int(o.disableactuator),
     )
 
-    fields = {"backward_mode": BackwardMode(backward_mode), "names": build_names(mjm)}
+    fields = {"backward_mode": BackwardMode(backward_mode), "early_exit": bool(early_exit), "names": build_names(mjm)}
     for f in Model._static_names:
-        if f in ("backward_mode", "names"):
+        if f in ("backward_mode", "early_exit", "names"):
             continue
         fields[f] = _tuple(getattr(mjm, f)) if not f.startswith("n") or "_" in f else int(getattr(mjm, f))
     fields["actuator_trnid"] = tuple((int(a), int(b)) for a, b in mjm.actuator_trnid)

@@ -12,6 +12,12 @@ fields are read by joint name (the joint's dofs, [ndof, ...]: 1 for hinge /
 slide, 3 for ball, 6 for free), and so are ``qpos0`` / ``qpos_spring`` (the
 joint's qpos entries, [nqpos]), as ``mjModel.joint(name)`` does in MuJoCo's
 Python bindings.
+
+``set_param`` returns the model MuJoCo would simulate for the new value: when the parameter feeds
+one of the constants MuJoCo derives at compile time (``diffmj.setconst.SET_CONST_INPUTS``: masses,
+inertias, armature, body / joint geometry, qpos0, tendon coefficients, connect anchors, geom
+sizes), it recomputes them with ``diffmj.set_const``, as a MuJoCo user calls ``mj_setConst``
+after changing an ``mjModel`` field. ``Model.replace`` is a raw field replace that does not.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from torch import Tensor
 
 from diffmj.names import KINDS
+from diffmj.setconst import SET_CONST_INPUTS, set_const
 from diffmj.types import JointType, Model
 
 
@@ -77,9 +84,11 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
     """A new Model with parameter ``name`` (or object ``obj``'s rows of it) set to ``value``.
 
     ``value`` broadcasts to ``get_param(m, name, obj)``'s shape; a tensor must have the model's
-    dtype and device, numbers and lists are converted. ``m`` is unchanged. Differentiable in
-    ``value`` and usable under ``torch.func`` (``grad``, ``vmap`` over values). Raises ValueError
-    as ``get_param`` does, and for a value that does not broadcast.
+    dtype and device, numbers and lists are converted. ``m`` is unchanged. If ``name`` is in
+    ``SET_CONST_INPUTS`` the derived constants (``body_invweight0``, ``dof_invweight0``, ...) are
+    recomputed for the new value (``set_const``), so gradients reach the constraint rows through
+    them. Differentiable in ``value`` and usable under ``torch.func`` (``grad``, ``vmap`` over
+    values). Raises ValueError as ``get_param`` does, and for a value that does not broadcast.
     """
     current = _field(m, name)
     if not isinstance(value, Tensor):
@@ -101,4 +110,5 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
         new = current.index_copy(0, index, value.reshape(index.shape[0], *current.shape[1:]))
     if name.startswith("opt."):
         return m.replace(opt=m.opt.replace(**{name[4:]: new}))
-    return m.replace(**{name: new})
+    m = m.replace(**{name: new})
+    return set_const(m) if name in SET_CONST_INPUTS else m

@@ -182,7 +182,8 @@ def _gauss_quadratic(p: Problem, qacc: Tensor, search: Tensor) -> Tensor:
     return torch.stack((torch.zeros_like(q1), q1, q2))
 
 
-def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor, iterations: int, unroll: bool):
+def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor, iterations: int, unroll: bool,
+                 early_exit: bool):
     """Exact line search along ``search``; returns (alpha, cost improvement).
 
     Without elliptic cones the 1-D cost is a convex piecewise quadratic: its
@@ -193,7 +194,7 @@ def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Te
     Jv = p.J @ search
     quad_gauss = _gauss_quadratic(p, qacc, search)
     if p.cones:
-        alpha = _newton_search(p, jar, Jv, quad_gauss, gtol, iterations, unroll)
+        alpha = _newton_search(p, jar, Jv, quad_gauss, gtol, iterations, unroll, early_exit)
     else:
         alpha = _breakpoint_search(p, jar, Jv, quad_gauss)
     improvement = -_cost_change(p, jar, Jv, quad_gauss, alpha)
@@ -239,7 +240,8 @@ def _cost_change(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, alpha:
 
 
 def _newton_search(
-    p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol: Tensor, iterations: int, unroll: bool
+    p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol: Tensor, iterations: int, unroll: bool,
+    early_exit: bool,
 ) -> Tensor:
     """Newton steps on the derivative, kept inside the bracket [lo, hi] where it changes sign."""
     lo = torch.zeros_like(gtol)
@@ -261,7 +263,7 @@ def _newton_search(
         done = done | (new_alpha == alpha)  # converged to rounding
         return done, lo, hi, torch.where(done, alpha, new_alpha)
 
-    return bounded_loop(iterate, (done, lo, hi, alpha), max(iterations - 1, 1), unroll)[3]
+    return bounded_loop(iterate, (done, lo, hi, alpha), max(iterations - 1, 1), unroll, early_exit)[3]
 
 
 def _row_slopes(p: Problem, jar: Tensor, Jv: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -335,6 +337,7 @@ class Settings(NamedTuple):
     newton: bool
     iterations: int
     ls_iterations: int
+    early_exit: bool  # stop iterating once converged (Model.early_exit)
     warmstart: bool
     ne: int
     nf: int
@@ -369,6 +372,7 @@ def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
         newton=opt.solver == SolverType.NEWTON,
         iterations=opt.iterations,
         ls_iterations=opt.ls_iterations,
+        early_exit=m.early_exit,
         warmstart=not opt.disabled(DisableBit.WARMSTART),
         ne=plan.ne,
         nf=plan.nf,
@@ -481,7 +485,8 @@ def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False) -> Tensor:
         done, qacc, jar, grad, mgrad, search = carry
         snorm = math.safe_norm(search)
         gtol = tol * x.ls_tolerance * snorm / scale
-        alpha, improvement = _line_search(p, qacc, jar, search, gtol, settings.ls_iterations, unroll)
+        alpha, improvement = _line_search(p, qacc, jar, search, gtol, settings.ls_iterations, unroll,
+                                          settings.early_exit)
         stalled = (alpha == 0) | (snorm < math.MINVAL)
         new_qacc = qacc + alpha * search
         new_jar, new_grad, new_upd = evaluate(new_qacc)
@@ -502,7 +507,7 @@ def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False) -> Tensor:
         )
 
     carry = (done, qacc, jar, grad, mgrad, -mgrad)
-    return bounded_loop(iterate, carry, settings.iterations, unroll)[1]
+    return bounded_loop(iterate, carry, settings.iterations, unroll, settings.early_exit)[1]
 
 
 def finish(settings: Settings, x: Inputs, qacc: Tensor, d: Data) -> Data:

@@ -171,6 +171,7 @@ class Model(PyTreeNode):
     # ---- options and derived index plans
     opt: Option
     backward_mode: BackwardMode = static_field()
+    early_exit: bool = static_field()  # the solver stops once converged (put_model's early_exit)
     names: Names = static_field()  # object names by type, for lookups by name
     tree: TreePlan
     tendon_plan: TendonPlan
@@ -190,6 +191,7 @@ class Model(PyTreeNode):
     body_dofadr: tuple[int, ...] = static_field()
     body_geomnum: tuple[int, ...] = static_field()
     body_geomadr: tuple[int, ...] = static_field()
+    body_simple: tuple[int, ...] = static_field()  # 1: diagonal M; 2: also slide joints only (set_const)
     body_pos: Tensor  # [nbody, 3]
     body_quat: Tensor  # [nbody, 4]
     body_ipos: Tensor  # [nbody, 3]
@@ -329,7 +331,12 @@ class Model(PyTreeNode):
     sensor_cutoff: Tensor  # [nsensor] clamp of the output; 0 for none
 
     def replace(self, **changes) -> Model:
-        """A copy with some fields replaced (parameters, or ``opt`` within what check_option_change allows)."""
+        """A copy with some fields replaced (parameters, or ``opt`` within what check_option_change allows).
+
+        A raw replace: constants MuJoCo derives from parameters (``body_invweight0``, ...) keep their
+        values; call ``diffmj.set_const`` after replacing masses, inertias, armature or geometry by
+        hand, as after changing an mjModel in C (mj_setConst), or use ``diffmj.set_param``.
+        """
         if "opt" in changes:
             check_option_change(self.opt, changes["opt"])
         return super().replace(**changes)

@@ -9,7 +9,9 @@ plain code would.
 * ``add_at_distinct`` / ``add_blocks`` / ``sum_at``: the scatter-adds of the physics,
   written so that no ``index_add`` reaches inductor's CPU code (pytorch/pytorch#191837).
 * ``transform_active`` / ``all_true``: functorch's wrappers, read in eager mode only,
-  for which no public API exists.
+  for which no public API exists; ``derivative_requested``: whether autograd or a
+  transform may differentiate, which under compile decides whether the implicit
+  adjoint's correction is traced at all.
 * ``bounded_loop``: a loop whose body Dynamo traces once (torch._higher_order_ops'
   while_loop / scan), so compile time does not grow with the iteration count.
 """
@@ -108,6 +110,17 @@ def all_true(done: Tensor) -> bool:
     return bool(done.all())
 
 
+def derivative_requested(tensors) -> bool:
+    """Whether a derivative of a computation on ``tensors`` may be asked for, readable under Dynamo.
+
+    With grad mode on: any tensor requires grad, or a torch.func transform is active (its
+    wrappers do not report requires_grad: vmap's never do, so any transform counts).
+    """
+    if not torch.is_grad_enabled():
+        return False
+    return torch._C._are_functorch_transforms_active() or any(t.requires_grad for t in tensors)
+
+
 def _only_vmap_active() -> bool:
     """Whether every active functorch transform is vmap (none is grad or jvp), readable under Dynamo."""
     if not torch._C._are_functorch_transforms_active():
@@ -119,7 +132,8 @@ def _only_vmap_active() -> bool:
         return _only_vmap_active()
 
 
-def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, unroll: bool = False) -> tuple:
+def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, unroll: bool = False,
+                 early_exit: bool = True) -> tuple:
     """carry = body(carry) at most ``iterations`` times, stopping once carry[0] (a bool ``done``) holds.
 
     ``body`` must freeze done elements (torch.where), so stopping early or not gives the same
@@ -127,20 +141,24 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
     loop that stops when all_true(done). Under torch.compile Dynamo would unroll that loop, so
     compile time would grow with ``iterations``; the body is traced once instead:
 
-    * no functorch transform: ``while_loop``, which stops when done;
+    * no functorch transform: ``while_loop``, which stops when done (without ``early_exit``:
+      ``scan`` for the full count, as under vmap);
     * only vmap: ``scan`` for the full count (2.13's while_loop has no vmap rule); the carry's
       initial values must be batched like the body's outputs;
     * grad / jvp transforms: the Python loop (2.13's scan and while_loop fail under them:
       "Expected FakeTensor, got <class 'torch.Tensor'>").
+
+    Without ``early_exit`` every path runs the full count and never reads ``done`` on the host
+    (eager: no all_true, so no device synchronisation; what CUDA-graph capture needs).
     """
     compiling = torch.compiler.is_compiling()
     if unroll or not compiling or not _only_vmap_active():
         for _ in range(iterations):
-            if all_true(carry[0]):  # done elements are frozen: stopping changes nothing
+            if early_exit and all_true(carry[0]):  # done elements are frozen: stopping changes nothing
                 break
             carry = body(carry)
         return carry
-    if not torch._C._are_functorch_transforms_active():
+    if early_exit and not torch._C._are_functorch_transforms_active():
         count = torch.zeros((), dtype=torch.int64, device=carry[0].device)
 
         def cond(i, *c):

@@ -1,6 +1,6 @@
-"""MJPC's cart-pole and acrobot swing-up tasks: the models and the costs, written once.
+"""MJPC's cart-pole and acrobot swing-up tasks and a hopper standing up: the models and the costs, written once.
 
-The examples and the planner benchmarks share these. Each task follows MuJoCo MPC's
+The examples and the planner benchmarks share these. The swing-ups follow MuJoCo MPC's
 (github.com/google-deepmind/mujoco_mpc, ``mjpc/tasks/cartpole/`` and ``mjpc/tasks/acrobot/``):
 the model is dm_control's (``dm_control/suite/cartpole.xml``, ``acrobot.xml``) with MJPC's
 changes, the cost has MJPC's residuals, norms and default weights (the ``user`` attributes of its
@@ -18,8 +18,12 @@ Differences from MJPC, each for a reason:
   swing-up runs the cart past it (to about -1.9 m), and with the limit it stalled (cost 287 after 7
   iterations, steps of 1/512, against 157 without).
 
-Each task starts hanging down at rest (MJPC's acrobot keyframe; the cart-pole's keyframe
+Each swing-up starts hanging down at rest (MJPC's acrobot keyframe; the cart-pole's keyframe
 starts upright, a swing-up starts with the pole down).
+
+The hopper (``hopper``, a contact task) is not MJPC's: its cost is modelled on MJPC's humanoid "stand"
+(head height, balance over the feet, velocities, controls) for ``models/hopper.xml``, which starts
+crouched on its foot at rest and must stand up straight and balance on its one foot.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ ACROBOT_XML = f"""
 
 
 class Task(NamedTuple):
-    """A swing-up task.
+    """A task (a swing-up or the hopper standing up).
 
     xml: the MJCF model. cost: the MJPC-style ``optim.Cost``. qpos0 [nq]: the initial (hanging) pose,
     at rest. horizon: MJPC's planning horizon in seconds (``agent_horizon``). describe(qpos, qvel): how
@@ -254,3 +258,105 @@ def load(task: Task, dtype: torch.dtype = torch.float64,
     m = diffmj.put_model(mj_model, dtype=dtype)
     d = diffmj.make_data(m).replace(qpos=torch.tensor(task.qpos0, dtype=dtype))
     return mj_model, m, d
+
+
+# models/hopper.xml (gym's hopper: torso, thigh, leg and foot in the x-z plane, three hinge motors of gear
+# 200) with the task's changes: controls limited to [-1, 1] (gym's range; the sampling planners' noise is in
+# these units) and MJPC's 0.01 s step (the model's 0.005 s doubles every plan's cost; the contact's default
+# solref time constant 0.02 s is still twice the step)
+HOPPER_XML = """
+<mujoco model="hopper">
+  <compiler autolimits="true"/>
+  <option integrator="Euler" timestep="0.01"/>
+  <worldbody>
+    <light pos="0 0 3"/>
+    <camera name="fixed" pos="0 -4 0.8" zaxis="0 -1 0" mode="trackcom"/>
+    <geom name="floor" type="plane" size="5 5 0.1" contype="1" conaffinity="1"/>
+    <body name="torso" pos="0 0 1.25">
+      <joint name="rootx" type="slide" axis="1 0 0"/>
+      <joint name="rootz" type="slide" axis="0 0 1"/>
+      <joint name="rooty" type="hinge" axis="0 1 0"/>
+      <geom type="capsule" fromto="0 0 0 0 0 -0.4" size="0.05" mass="3" friction="1 0.005 0.0001" condim="3"/>
+      <body name="thigh" pos="0 0 -0.4">
+        <joint name="thigh_joint" type="hinge" axis="0 1 0" damping="5"/>
+        <geom type="capsule" fromto="0 0 0 0 0 -0.45" size="0.05" mass="3" friction="1 0.005 0.0001" condim="3"/>
+        <body name="leg" pos="0 0 -0.45">
+          <joint name="leg_joint" type="hinge" axis="0 1 0" damping="5"/>
+          <geom type="capsule" fromto="0 0 0 0 0 -0.5" size="0.04" mass="3" friction="1 0.005 0.0001" condim="3"/>
+          <body name="foot" pos="0 0 -0.5">
+            <joint name="foot_joint" type="hinge" axis="0 1 0" damping="5"/>
+            <geom type="capsule" fromto="-0.13 0 0 0.16 0 0" size="0.06" mass="2" friction="2 0.005 0.0001"
+                  condim="3"/>
+          </body>
+        </body>
+      </body>
+    </body>
+  </worldbody>
+  <actuator>
+    <motor joint="thigh_joint" gear="200" ctrlrange="-1 1"/>
+    <motor joint="leg_joint" gear="200" ctrlrange="-1 1"/>
+    <motor joint="foot_joint" gear="200" ctrlrange="-1 1"/>
+  </actuator>
+</mujoco>
+"""
+HOPPER_LINKS = (0.4, 0.45, 0.5)  # torso, thigh, leg: from the torso's top (its body origin) down to the ankle
+HOPPER_TORSO_Z = 1.25  # the torso body's height at rootz = 0
+# standing straight with the foot's capsule (radius 0.06) on the floor: the torso's top this high
+HOPPER_STAND_HEIGHT = 0.06 + sum(HOPPER_LINKS)
+
+
+def hopper_points(qpos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hopper's torso top and ankle (x, z), each [..., 2], from qpos [..., 6] (rootx, rootz, rooty and
+    the three hinges, all about y): MuJoCo's ``xpos`` of the bodies "torso" and "foot", computed from qpos so
+    that the cost needs no ``forward`` pass (as ``acrobot_tip``)."""
+    top = torch.stack((qpos[..., 0], HOPPER_TORSO_Z + qpos[..., 1]), -1)
+    ankle, angle = top, qpos[..., 2]
+    for length, joint in zip(HOPPER_LINKS, range(3, 6)):  # each link hangs from its parent's end
+        ankle = ankle - length * torch.stack((torch.sin(angle), torch.cos(angle)), -1)
+        angle = angle + qpos[..., joint]
+    return top, ankle
+
+
+def hopper_crouch() -> tuple[float, ...]:
+    """The hopper's initial pose: crouched (torso leaning forward 0.5 rad, knee forward, foot flat) with the
+    foot on the floor, the torso's top 0.27 m below standing and ahead of the ankle: at rest it falls."""
+    angles = (0.5, -1.3, 1.4, -0.6)  # rooty and the three hinges; they sum to 0: the foot is flat
+    _, ankle = hopper_points(torch.tensor((0.0, 0.0, *angles), dtype=torch.float64))
+    return (0.0, 0.06 - float(ankle[1]), *angles)
+
+
+def hopper() -> Task:
+    """The hopper stands up from a crouch and balances on its foot: an MJPC-like cost after its humanoid
+    "stand" task (``humanoid/stand``: head height, balance as the centre of mass over the feet, velocities,
+    controls) with the torso's top for the head and the ankle for the feet.
+
+    Running terms: the top's height below standing (100, ``SmoothAbs(0.1)`` as MJPC's height), the top's
+    horizontal offset from the ankle (50, ``SmoothAbs(0.1)``: upright over the foot), the joint velocities
+    (0.1) and the controls (0.1); terminal: the state terms again. error: the distance of the torso's top
+    from where it is standing straight over the ankle (m); standing within 0.1 m.
+    """
+
+    def height(m, d):
+        top, _ = hopper_points(d.qpos)
+        return top[1:] - HOPPER_STAND_HEIGHT
+
+    def balance(m, d):
+        top, ankle = hopper_points(d.qpos)
+        return top[:1] - ankle[:1]
+
+    def velocity(m, d):
+        return d.qvel
+
+    state = ((height, 100.0, optim.SmoothAbs(0.1)), (balance, 50.0, optim.SmoothAbs(0.1)), (velocity, 0.1))
+    cost = _cost(state, (_ctrl, 0.1), 1.0)
+
+    def standing_error(qpos):
+        top, ankle = hopper_points(torch.as_tensor(qpos, dtype=torch.float64))
+        return math.hypot(float(top[0] - ankle[0]), float(top[1]) - HOPPER_STAND_HEIGHT)
+
+    def describe(qpos, qvel):
+        top, ankle = hopper_points(torch.as_tensor(qpos, dtype=torch.float64))
+        return (f"torso top {standing_error(qpos):.4f} m from standing (height {float(top[1]):.3f} m, "
+                f"{float(top[0] - ankle[0]):+.3f} m ahead of the ankle), speed {np.linalg.norm(qvel):.3f}")
+
+    return Task("hopper", HOPPER_XML, cost, hopper_crouch(), 0.5, describe, standing_error, 0.1)

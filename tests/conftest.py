@@ -35,6 +35,9 @@ TOL = {
     # float32 against float64, or compiled float32 against eager: roundings of 6e-8 grown through one
     # step (measured 1.9e-7: qacc of a compiled float32 step)
     "float32": 1e-5,
+    # derived constants (set_const) against mj_setConst: M^-1 at qpos0 rounds with M's condition number
+    # (measured 1.2e-14: humanoid's dof_invweight0 after its parameters changed)
+    "setconst": 1e-12,
     # central differences with step 1e-6 against exact derivatives: truncation (eps^2 |f'''|) plus
     # rounding (1e-16 / eps) by bound; measured 1.5e-7 through contacts, 1e-14 on smooth losses
     "finite_difference": 1e-6,  # sensors, which read constraint forces (measured 1.4e-10: cfrc_int)

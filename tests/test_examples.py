@@ -84,9 +84,11 @@ def test_example_runs_without_extras(name, args, expected, tmp_path):
 
 
 def test_task_costs_are_zero_at_the_goal():
-    """Each task's cost vanishes upright at rest with zero control (its residuals measure the goal)."""
+    """Each task's cost vanishes at its goal (upright, standing) at rest with zero control (its residuals
+    measure the goal), and the start is not within the goal's tolerance."""
     for task, goal in ((tasks.cartpole(), (0.0, 0.0)), (tasks.cartpole(open_loop=True), (0.0, 2 * np.pi)),
-                       (tasks.acrobot(), (0.0, 0.0)), (tasks.acrobot(), (2 * np.pi, 0.0))):
+                       (tasks.acrobot(), (0.0, 0.0)), (tasks.acrobot(), (2 * np.pi, 0.0)),
+                       (tasks.hopper(), (0.3, tasks.HOPPER_STAND_HEIGHT - tasks.HOPPER_TORSO_Z, 0, 0, 0, 0))):
         _, m, d = tasks.load(task)
         states = d.replace(qpos=d.qpos.new_tensor(goal)).expand(3)
         cost = optim.trajectory_cost(m, task.cost, states, d.ctrl.expand(2, m.nu))
@@ -94,16 +96,28 @@ def test_task_costs_are_zero_at_the_goal():
         assert task.error(np.array(goal)) < 1e-12
         hanging = optim.trajectory_cost(m, task.cost, d.expand(3), d.ctrl.expand(2, m.nu))
         assert (hanging > 1).all()
-        assert task.error(np.array(task.qpos0)) > 1
+        assert task.error(np.array(task.qpos0)) > task.tolerance
 
 
-def test_acrobot_tip_is_mujocos_site():
-    """The acrobot's cost computes the tip from qpos; MuJoCo C's site_xpos of "tip" agrees."""
-    mj_model = mujoco.MjModel.from_xml_string(tasks.ACROBOT_XML)
+@pytest.mark.parametrize("xml, points, names", [
+    (tasks.ACROBOT_XML, lambda qpos: (tasks.acrobot_tip(qpos),), ("site tip",)),
+    (tasks.HOPPER_XML, tasks.hopper_points, ("body torso", "body foot")),
+])
+def test_task_points_are_mujocos(xml, points, names):
+    """The acrobot's and the hopper's costs compute their points (x, z) from qpos; MuJoCo C's site_xpos or
+    body xpos agree."""
+    mj_model = mujoco.MjModel.from_xml_string(xml)
     mj_data = mujoco.MjData(mj_model)
-    for qpos in np.random.default_rng(0).uniform(-4, 4, (10, 2)):
+    for qpos in np.random.default_rng(0).uniform(-4, 4, (10, mj_model.nq)):
         mj_data.qpos[:] = qpos
         mujoco.mj_kinematics(mj_model, mj_data)
-        tip = tasks.acrobot_tip(torch.tensor(qpos)).numpy()
-        np.testing.assert_allclose(tip, mj_data.site("tip").xpos[[0, 2]], atol=1e-12)
-        np.testing.assert_allclose(tasks.TARGET, mj_data.site("target").xpos[[0, 2]], atol=1e-12)
+        for point, name in zip(points(torch.tensor(qpos)), names, strict=True):
+            kind, name = name.split()
+            np.testing.assert_allclose(point.numpy(), getattr(mj_data, kind)(name).xpos[[0, 2]], atol=1e-12)
+
+
+def test_acrobot_target_is_mujocos_site():
+    mj_model = mujoco.MjModel.from_xml_string(tasks.ACROBOT_XML)
+    mj_data = mujoco.MjData(mj_model)
+    mujoco.mj_kinematics(mj_model, mj_data)
+    np.testing.assert_allclose(tasks.TARGET, mj_data.site("target").xpos[[0, 2]], atol=1e-12)

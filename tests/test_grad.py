@@ -180,6 +180,22 @@ def test_compiled_transforms(arm_on_box, transform, backend):
     assert_close(transform, torch.compile(fn, fullgraph=True, backend=backend)(d.qvel), fn(d.qvel), tol)
 
 
+def test_compiled_step_backward_with_autograd(arm_on_box):
+    """A compiled step whose input requires grad (plain autograd, no torch.func transform) keeps
+    the implicit adjoint: its backward equals eager's (a compile without such inputs leaves the
+    adjoint's correction out of the graph)."""
+    m, d = arm_on_box
+
+    def grad_of_qvel(step):
+        qvel = d.qvel.clone().requires_grad_(True)
+        (step(m, d.replace(qvel=qvel)).qvel ** 2).sum().backward()
+        return qvel.grad
+
+    torch._dynamo.reset()
+    compiled = grad_of_qvel(torch.compile(diffmj.step, fullgraph=True, backend="aot_eager"))
+    assert_close("d loss / d qvel", compiled, grad_of_qvel(diffmj.step), TOL["batch"])
+
+
 def test_backward_memory_independent_of_iterations():
     mjm = mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / "humanoid.xml"))
     mjd = settled_state(mjm, 150)

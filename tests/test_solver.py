@@ -248,3 +248,26 @@ def test_compiled_early_exit_equals_fixed_count():
     for name in ("qpos", "qvel", "qacc", "efc_force"):
         assert_close(name, getattr(early, name), getattr(fixed[1], name), 1e-12)
         assert torch.equal(getattr(early, name), getattr(diffmj.step(m, batch[1]), name)), name
+
+
+def test_fixed_iteration_count_mode(monkeypatch):
+    """put_model(early_exit=False) runs the full count and never reads ``done`` on the host: eager asks no
+    all_true, a compiled unbatched step is a scan (not a while_loop); results equal early exit's (converged
+    elements are frozen, so the extra iterations change nothing)."""
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=100))
+    mjm.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC  # the line search's own loop too
+    early, fixed = diffmj.put_model(mjm), diffmj.put_model(mjm, early_exit=False)
+    d = diffmj.put_data(fixed, settled_state(mjm, 40, seed=40))
+    expected = diffmj.step(early, d)
+    assert bool(expected.efc_active.any())
+
+    def host_read(done):
+        raise AssertionError("the fixed-count mode read done on the host")
+
+    monkeypatch.setattr(diffmj.workarounds, "all_true", host_read)
+    ops = set()
+    torch._dynamo.reset()
+    for out in (diffmj.step(fixed, d), _compile_recording_ops(diffmj.step, ops)(fixed, d)):
+        for name in ("qpos", "qvel", "qacc", "efc_force"):
+            assert torch.equal(getattr(out, name), getattr(expected, name)), name
+    assert torch.ops.higher_order.scan in ops and torch.ops.higher_order.while_loop not in ops

@@ -197,7 +197,11 @@ def values(m: Model, params: Sequence[Parameter], x: Tensor) -> dict[str, Tensor
 
 
 def apply(m: Model, params: Sequence[Parameter], x: Tensor) -> Model:
-    """The model with every parameter set from x [n] by ``diffmj.set_param`` (differentiable in x)."""
+    """The model with every parameter set from x [n] by ``diffmj.set_param`` (differentiable in x).
+
+    set_param recomputes the constants MuJoCo derives from masses, inertias, armature and geometry
+    (``diffmj.set_const``), so the model is the one MuJoCo C simulates after mj_setConst.
+    """
     if x.dtype != m.dtype or x.device != m.device:
         raise ValueError(f"x is {x.dtype} on {x.device}, the model is {m.dtype} on {m.device}")
     for (p, _, index), value in zip(_layout(m, params), values(m, params, x).values()):
