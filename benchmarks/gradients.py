@@ -1,11 +1,14 @@
 """Gradient costs: one-step VJP vs forward, transition Jacobians vs mjd_transitionFD,
-checkpointed rollout memory and time, and a 1000-step humanoid control gradient vs MJX.
+checkpointed rollout memory and time, compiled against eager rollouts (forward and gradient), a 1000-step
+humanoid control gradient vs MJX, and the memory of full and lean (``observe=``) rollouts and of their
+gradients, checkpointed or not.
 
 Run from the repository root in diffmj's venv (MJX part needs
 ``python benchmarks/setup_anchors.py mjx``):
 
     python benchmarks/gradients.py                       # everything, writes benchmarks/results/gradients.json
     python benchmarks/gradients.py --parts vjp jacobians # a subset
+    python benchmarks/gradients.py --parts memory --out benchmarks/results/memory.json
 
 Every number is a median of repeats after a warm-up, on the models' own
 solver settings unless stated. Speed is measured here, never asserted in tests.
@@ -16,7 +19,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import multiprocessing
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,6 +31,7 @@ from pathlib import Path
 import mujoco
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 import diffmj
 
@@ -157,6 +163,104 @@ def bench_rollout(name: str, horizons: list[int], time_horizons: list[int]) -> l
     return records
 
 
+LEAN = ("qpos", "qvel", "act", "sensordata")  # what mujoco.rollout keeps: the state and the sensors
+
+
+def _rollout_setup(name: str, horizon: int) -> tuple[diffmj.Model, diffmj.Data, torch.Tensor]:
+    """The model, a settled state with contacts and small random controls [horizon, nu] (float64)."""
+    mjm = mujoco.MjModel.from_xml_path(str(MODELS / f"{name}.xml"))
+    m = diffmj.put_model(mjm)
+    ctrl = 0.1 * torch.randn(horizon, m.nu, dtype=m.dtype, generator=torch.Generator().manual_seed(0))
+    return m, diffmj.put_data(m, _settled(mjm)), ctrl
+
+
+def _tree_bytes(tree) -> int:
+    return sum(leaf.numel() * leaf.element_size() for leaf in pytree.tree_leaves(tree)
+               if isinstance(leaf, torch.Tensor))
+
+
+def _gradient_peak(name: str, horizon: int, checkpoint: str | None, lean: bool) -> dict:
+    """In a fresh process (so that the peak is this gradient's): the growth of the peak resident memory
+    (``ru_maxrss``) over forward and backward of a rollout's gradient w.r.t. its controls, and the bytes
+    autograd saved for backward."""
+    torch.set_num_threads(1)
+    m, d, ctrl = _rollout_setup(name, horizon)
+    diffmj.step(m, d)  # first-call allocations out of the measured peak
+    ctrl.requires_grad_(True)
+    holder = {}
+
+    def run():
+        holder["out"] = diffmj.rollout(m, d, ctrl, checkpoint=checkpoint, observe=LEAN if lean else None)
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    saved = diffmj.grad.saved_tensor_bytes(run)
+    qpos = holder["out"]["qpos"] if lean else holder["out"].qpos
+    (qpos[:, :3] ** 2).sum().backward()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"saved_MB": saved / 2**20, "peak_rss_growth_MB": (peak - before) / 2**10}
+
+
+def bench_memory(name: str, horizon: int) -> dict:
+    """Bytes per step and trajectory of a rollout's outputs, every Data field vs ``observe=LEAN``, and the
+    memory of the gradient of a T-step rollout (full tape vs checkpointed, full vs lean outputs)."""
+    m, d, ctrl = _rollout_setup(name, horizon)
+    with torch.no_grad():
+        full = _tree_bytes(diffmj.rollout(m, d, ctrl[:2])) // 2
+        lean = _tree_bytes(diffmj.rollout(m, d, ctrl[:2], observe=LEAN)) // 2
+    record = {"model": name, "T": horizon, "dtype": str(m.dtype), "full_data_bytes_per_step": full,
+              "lean_bytes_per_step": lean, "lean_fields": list(LEAN), "gradient": {}}
+    spawn = multiprocessing.get_context("spawn")  # a fresh process per peak
+    for checkpoint in ("auto", None):
+        for outputs in ("full", "lean"):
+            with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                peak = pool.submit(_gradient_peak, name, horizon, checkpoint, outputs == "lean").result()
+            record["gradient"][f"{'checkpointed' if checkpoint else 'full_tape'}_{outputs}"] = peak
+    print(json.dumps(record), flush=True)
+    return record
+
+
+def bench_compiled_rollout(name: str, horizons: list[int], repeats: int, backend: str) -> list[dict]:
+    """Eager against compiled (``rollout(..., compile=)``: each step one graph) rollouts from a settled state:
+    the forward pass without grad, and the gradient of a loss on qpos and qvel w.r.t. the controls
+    (checkpointed, "auto"); medians of timed repeats after the first call, whose extra time is the compile."""
+    mjm = mujoco.MjModel.from_xml_path(str(MODELS / f"{name}.xml"))
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, _settled(mjm))
+    records = []
+    for horizon in horizons:
+        ctrl = 0.1 * torch.randn(horizon, m.nu, dtype=m.dtype, generator=torch.Generator().manual_seed(0))
+
+        def forward(compile):
+            with torch.no_grad():
+                return diffmj.rollout(m, d, ctrl, observe=("qpos", "qvel"), compile=compile)["qpos"]
+
+        def gradient(compile):
+            c = ctrl.clone().requires_grad_(True)
+            traj = diffmj.rollout(m, d, c, observe=("qpos", "qvel"), compile=compile)
+            loss = (traj["qpos"][:, :3] ** 2).sum() + 1e-3 * (traj["qvel"] ** 2).sum()
+            return torch.autograd.grad(loss, c)[0]
+
+        record = {"model": name, "T": horizon, "backend": backend,
+                  "solver": {"iterations": mjm.opt.iterations, "ls_iterations": mjm.opt.ls_iterations}}
+        results = {}
+        for label, compile in (("eager", False), ("compiled", {"backend": backend})):
+            for part, fn in (("forward", forward), ("gradient", gradient)):
+                times = []
+                for _ in range(1 + repeats):
+                    start = time.perf_counter()
+                    results[label, part] = fn(compile)
+                    times.append(time.perf_counter() - start)
+                record[f"{label}_{part}_first_call_s"] = times[0]
+                record[f"{label}_{part}_s"] = statistics.median(times[1:])
+        for part in ("forward", "gradient"):
+            record[f"{part}_speedup"] = record[f"eager_{part}_s"] / record[f"compiled_{part}_s"]
+            ours, eager = results["compiled", part], results["eager", part]
+            record[f"{part}_max_rel_diff"] = float(((ours - eager).abs() / (1 + eager.abs())).max())
+        records.append(record)
+        print(json.dumps(record), flush=True)
+    return records
+
+
 def bench_humanoid_gradient(horizon: int) -> dict:
     """Gradient of a T-step humanoid loss w.r.t. the controls: diffmj (eager, checkpointed)."""
     mjm = mujoco.MjModel.from_xml_path(str(MODELS / "humanoid.xml"))
@@ -220,6 +324,26 @@ def markdown(results: dict) -> str:
             lines.append(f"| {r['T']} | {r['checkpointed_saved_MB']:.1f} | {r['full_tape_saved_MB']:.1f} "
                          f"| {times[0]} | {times[1]} | {ratio} |")
         lines.append("")
+    if "memory" in results:
+        runs = ("full_tape_full", "full_tape_lean", "checkpointed_full", "checkpointed_lean")
+        lines += ["| model | bytes / step, every Data field | bytes / step, qpos qvel act sensordata | T | "
+                  + " | ".join(run.replace("_", " ") for run in runs) + " |", "|---|---|---|---|---|---|---|---|"]
+        for r in results["memory"]:
+            cells = [f"{g['saved_MB']:.1f} ({g['peak_rss_growth_MB']:.0f})" for g in (r["gradient"][k] for k in runs)]
+            lines.append(f"| {r['model']} | {r['full_data_bytes_per_step']:,} | {r['lean_bytes_per_step']:,} "
+                         f"| {r['T']} | {' | '.join(cells)} |")
+    if "compiled_rollout" in results:
+        lines += ["| model | T | backend | forward eager s | forward compiled s | gradient eager s | gradient compiled s "
+                  "| compile s (forward, gradient) | max rel. diff. of the gradient |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in results["compiled_rollout"]:
+            # the first call's extra time; under a second the graphs came from an earlier horizon's compile
+            compile_s = [r[f"compiled_{part}_first_call_s"] - r[f"compiled_{part}_s"] for part in ("forward", "gradient")]
+            compile_s = ["cached" if s < 1 else f"{s:.0f}" for s in compile_s]
+            lines.append(f"| {r['model']} | {r['T']} | {r['backend']} | {r['eager_forward_s']:.2f} "
+                         f"| {r['compiled_forward_s']:.2f} | {r['eager_gradient_s']:.2f} | {r['compiled_gradient_s']:.2f} "
+                         f"| {compile_s[0]}, {compile_s[1]} | {r['gradient_max_rel_diff']:.1e} |")
+        lines.append("")
     if "humanoid_gradient" in results:
         ours, mjx = results["humanoid_gradient"]["diffmj"], results["humanoid_gradient"]["mjx"]
         lines += ["| side | first call s (incl. compile) | gradient s | finite |", "|---|---|---|---|",
@@ -234,13 +358,17 @@ def markdown(results: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["vjp", "jacobians", "rollout", "humanoid"],
-                        choices=["vjp", "jacobians", "rollout", "humanoid"])
+    parser.add_argument("--parts", nargs="+", default=["vjp", "jacobians", "rollout", "compiled", "humanoid"],
+                        choices=["vjp", "jacobians", "rollout", "compiled", "humanoid", "memory"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for diffmj")
     parser.add_argument("--horizons", type=int, nargs="+", default=[100, 400, 1600])
     parser.add_argument("--time-horizons", type=int, nargs="+", default=[100, 400])
     parser.add_argument("--grad-horizon", type=int, default=1000)
+    parser.add_argument("--memory-horizon", type=int, default=100, help="T of the memory part's gradients")
+    parser.add_argument("--compiled-model", default="hopper")
+    parser.add_argument("--compiled-horizons", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--compiled-backend", default="inductor")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", default=str(BENCH / "results" / "gradients.json"))
     parser.add_argument("--table", metavar="JSON", help="only print the tables of an earlier result")
@@ -263,12 +391,17 @@ def main() -> None:
         print(json.dumps(results["jacobians"], indent=1), flush=True)
     if "rollout" in args.parts:
         results["rollout"] = bench_rollout("humanoid", args.horizons, args.time_horizons)
+    if "compiled" in args.parts:
+        results["compiled_rollout"] = bench_compiled_rollout(args.compiled_model, args.compiled_horizons,
+                                                             args.repeats, args.compiled_backend)
     if "humanoid" in args.parts:
         results["humanoid_gradient"] = {
             "diffmj": bench_humanoid_gradient(args.grad_horizon),
             "mjx": bench_mjx_gradient(args.grad_horizon, args.timeout),
         }
         print(json.dumps(results["humanoid_gradient"], indent=1), flush=True)
+    if "memory" in args.parts:
+        results["memory"] = [bench_memory(n, args.memory_horizon) for n in ("ant", "humanoid")]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(markdown(results))

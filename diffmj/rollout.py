@@ -1,21 +1,40 @@
-"""rollout() and rollout_policy(): many steps, open loop or under a policy, with checkpointed gradients."""
+"""rollout() and rollout_policy(): many steps, open loop or under a policy, with checkpointed gradients,
+each step eager or one compiled graph."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj.forward import check_data, resolve_backward_mode
-from diffmj.grad.checkpoint import Control, Observe, checkpointed_rollout, open_loop, run_steps
+from diffmj.forward import check_data, resolve_backward_mode, step_unbatched
+from diffmj.grad.checkpoint import HELD_INPUTS, Advance, Observe, checkpointed_rollout, run_steps
+from diffmj.io import make_data
 from diffmj.state import get_state
-from diffmj.types import BackwardMode, Data, Model, State
+from diffmj.types import STATE_FIELDS, BackwardMode, Data, Model, State
+from diffmj.workarounds import canonical_layout, transform_active
 
 ObserveArg = Sequence[str] | Callable[[Model, Data], Any] | None
+CompileArg = bool | dict[str, Any]
+
+
+class Control(NamedTuple):
+    """How step t of a rollout gets its ctrl [nu]: ``law(at(params, t), m, d)``, d the Data before the step.
+
+    params is what the rollout differentiates the controls by (a tuple of tensors); ``at`` runs outside a
+    compiled step (t is a Python int, which a compiled graph would specialise on), ``law`` inside it.
+    """
+
+    at: Callable[[tuple[Tensor, ...], int], tuple[Tensor, ...]]
+    law: Callable[[tuple[Tensor, ...], Model, Data], Tensor]
+
+
+# params = (ctrl [..., T, nu],): step t applies row t
+OPEN_LOOP = Control(at=lambda params, t: (params[0][..., t, :],), law=lambda row, m, d: row[0])
 
 
 def rollout(
@@ -26,6 +45,7 @@ def rollout(
     checkpoint: int | str | None = "auto",
     backward_mode: BackwardMode | None = None,
     observe: ObserveArg = None,
+    compile: CompileArg = False,
 ) -> Any:
     """Step d through the controls ctrl [..., T, nu]; the trajectory as a Data of batch [..., T].
 
@@ -45,6 +65,17 @@ def rollout(
     full autograd tape (O(T) memory). The gradient is the same either way.
     backward_mode: how gradients pass through each step's constraint solver; None uses
     the model's.
+    compile: run each step as one compiled graph (``torch.compile``; True, or a dict of its keyword
+    arguments, e.g. ``{"backend": "aot_eager"}``, over the defaults ``fullgraph=True, dynamic=False``);
+    the loop over time stays in Python, so compile time does not grow with T. A batch is stepped by one
+    compiled ``vmap`` of the step per time step. Checkpointing, results and gradients are eager's (to
+    rounding, with inductor). All steps run two graphs, one without grad (no input requires grad, or the
+    forward pass of checkpointed segments) and one with; later rollouts reuse them from Dynamo's cache,
+    whose entries (one per model, batch size and set of model parameters, inputs or params requiring
+    grad) are at most ``torch._dynamo.config.recompile_limit`` per compiled function. Not inside
+    ``torch.func`` transforms or ``torch.compile`` (PyTorch cannot call a compiled function there:
+    pytorch/pytorch#128711): take gradients with ``torch.autograd`` (``.backward()``,
+    ``torch.autograd.grad``).
     """
     check_data(m, d)
     if ctrl.shape[-1] != m.nu:
@@ -55,7 +86,8 @@ def rollout(
         raise ValueError(f"ctrl is {ctrl.dtype} but the model is {m.dtype}")
     batch = torch.broadcast_shapes(d.batch_size, ctrl.shape[:-2])
     ctrl = ctrl.expand(*batch, *ctrl.shape[-2:])
-    return _rollout(m, d, open_loop, (ctrl,), len(batch), ctrl.shape[-2], checkpoint, backward_mode, observe)
+    return _rollout(m, d, OPEN_LOOP, (ctrl,), len(batch), ctrl.shape[-2], checkpoint, backward_mode, observe,
+                    compile)
 
 
 def rollout_policy(
@@ -68,6 +100,7 @@ def rollout_policy(
     checkpoint: int | str | None = "auto",
     backward_mode: BackwardMode | None = None,
     observe: ObserveArg = None,
+    compile: CompileArg = False,
 ) -> Any:
     """Step d ``steps`` times in closed loop: ctrl_t = policy(params, x_t) [nu], x_t = ``get_state(m, d_t,
     State.PHYSICS)`` [nq + nv + na] the state before step t. Returns what ``rollout`` returns.
@@ -77,6 +110,8 @@ def rollout_policy(
     the model's parameters and to d's state, through checkpointed segments as in ``rollout`` (so
     ``loss.backward()`` fills ``net``'s ``.grad``, and ``torch.func.grad`` over params works). A batch of
     initial states (leading dimensions of d) is mapped with ``torch.vmap``: policy sees one state [ns].
+    checkpoint, backward_mode, observe, compile: as for ``rollout``; compiled, the policy is part of each
+    step's graph.
     """
     check_data(m, d)
     if steps < 1:
@@ -85,22 +120,28 @@ def rollout_policy(
     if not all(isinstance(leaf, Tensor) for leaf in leaves):
         raise ValueError("params must be a pytree of tensors (e.g. dict(net.named_parameters()))")
 
-    def control(flat: tuple[Tensor, ...], t: int, m: Model, d: Data) -> Tensor:
+    def law(flat: tuple[Tensor, ...], m: Model, d: Data) -> Tensor:
         ctrl = policy(pytree.tree_unflatten(list(flat), spec), get_state(m, d, State.PHYSICS))
         if ctrl.shape != (m.nu,) or ctrl.dtype != m.dtype:
             raise ValueError(f"policy must return ctrl [nu={m.nu}] of {m.dtype}, got {tuple(ctrl.shape)} "
                              f"of {ctrl.dtype}")
         return ctrl
 
-    return _rollout(m, d, control, tuple(leaves), 0, steps, checkpoint, backward_mode, observe)
+    control = Control(at=lambda params, t: params, law=law)
+    return _rollout(m, d, control, tuple(leaves), 0, steps, checkpoint, backward_mode, observe, compile)
 
 
 def _rollout(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], batched_params: int, horizon: int,
-             checkpoint: int | str | None, backward_mode: BackwardMode | None, observe: ObserveArg) -> Any:
+             checkpoint: int | str | None, backward_mode: BackwardMode | None, observe: ObserveArg,
+             compile: CompileArg) -> Any:
     """What rollout and rollout_policy share. The first ``batched_params`` dimensions of every param are
     batch dimensions, as d's (0: params shared by the batch)."""
     mode = resolve_backward_mode(m, backward_mode)
     observe = _observer(observe)
+    options = _compile_options(compile)
+    if options is not None and transform_active([*pytree.tree_leaves(d), *params]):
+        raise ValueError("compile= cannot run inside torch.func transforms or torch.compile "
+                         "(pytorch/pytorch#128711): use compile=False there, or torch.autograd for gradients")
     if checkpoint == "auto":
         segment = max(1, round(math.sqrt(horizon)))
     elif checkpoint is None:
@@ -109,22 +150,77 @@ def _rollout(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], ba
         segment = int(checkpoint)
         if segment < 1:
             raise ValueError(f"checkpoint must be a positive number of steps, 'auto' or None, got {checkpoint}")
-
-    def single(d: Data, params: tuple[Tensor, ...]) -> Any:
-        if segment is None or segment >= horizon or not torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return run_steps(m, d, control, params, range(horizon), mode, observe)[0]
-        return checkpointed_rollout(m, d, control, params, horizon, segment, mode, observe)
-
     batch = d.batch_size if not batched_params else params[0].shape[:batched_params]
-    if not batch:
-        return single(d, params)
     size = batch.numel()  # not -1 in the reshapes: nu may be 0
-    d = d.expand(batch).reshape(size)
-    params = tuple(p.reshape(size, *p.shape[batched_params:]) for p in params) if batched_params else params
-    traj = torch.vmap(single, in_dims=(0, 0 if batched_params else None))(d, params)
-    if observe is None:
-        return traj.reshape(*batch, horizon)
-    return pytree.tree_map(lambda leaf: leaf.reshape(*batch, *leaf.shape[1:]), traj)
+    if batch:  # one batch dimension, the loop over time outside the vmap of each step
+        d = d.expand(batch).reshape(size)
+        params = tuple(p.reshape(size, *p.shape[batched_params:]) for p in params) if batched_params else params
+    advance = _advance(m, d, control, mode, observe, bool(batched_params), options)
+    if segment is None or segment >= horizon or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        traj = run_steps(m, d, advance, params, range(horizon))[0]
+    else:
+        traj = checkpointed_rollout(m, d, advance, params, horizon, segment, observe)
+    if not batch:
+        return traj
+    if observe is None:  # [T, size] -> [*batch, T]
+        return traj.transpose(0, 1).reshape(*batch, horizon)
+    return pytree.tree_map(lambda leaf: leaf.movedim(0, 1).reshape(*batch, horizon, *leaf.shape[2:]), traj)
+
+
+def _advance(m: Model, d: Data, control: Control, mode: BackwardMode, observe: Observe, batched_params: bool,
+             options: dict[str, Any] | None) -> Advance:
+    """How each step of a rollout of m from d (unbatched or of batch [B]) runs, the one place that decides:
+    eager; vmapped over the batch (and over the first dimension of params where batched_params) when d is
+    batched; compiled when options (torch.compile's keyword arguments) are given."""
+
+    def transition(m: Model, d: Data, step_params: tuple[Tensor, ...]) -> tuple[Data, Any]:
+        out = step_unbatched(m, d.replace(ctrl=control.law(step_params, m, d)), mode)
+        if options is not None:  # the next step's input laid out like this one's: no recompile
+            out = canonical_layout(out, d)
+        return out, (out if observe is None else observe(m, out))
+
+    def batched(m: Model, d: Data, step_params: tuple[Tensor, ...]) -> tuple[Data, Any]:
+        # a function of its own, not torch.vmap's wrapper: Dynamo keys its cache on the code compiled, and
+        # the wrapper's code is shared by every vmapped function
+        return torch.vmap(transition, in_dims=(None, 0, 0 if batched_params else None))(m, d, step_params)
+
+    run = batched if d.batch_dims else transition
+    if options is None:
+        return lambda m, d, params, t: run(m, d, control.at(params, t))
+    compiled = torch.compile(run, **options)
+    template = make_data(m, d.batch_size)
+
+    def advance(m: Model, d: Data, params: tuple[Tensor, ...], t: int) -> tuple[Data, Any]:
+        # A compiled graph guards on its inputs' strides and requires_grad flags. It is given only what a
+        # step reads, contiguous, on the template's other (constant) fields; and either no derivative is asked
+        # for (no_grad, nothing requires grad) or every float state field requires grad, as from the second
+        # step on. So all steps of all rollouts of this model run one of two graphs (per pattern of the
+        # model's, held inputs' and params' requires_grad, which a rollout does not change).
+        step_params = tuple(x.contiguous() for x in control.at(params, t))  # a batch's ctrl[:, t]: strided by T
+        read = {name: getattr(d, name).contiguous() for name in (*STATE_FIELDS, *HELD_INPUTS)}
+        tensors = (*pytree.tree_leaves(m), *read.values(), *step_params)
+        if not torch.is_grad_enabled() or not any(x.requires_grad for x in tensors):
+            with torch.no_grad():
+                read = {name: x.detach() for name, x in read.items()}
+                return compiled(m, template.replace(**read), tuple(x.detach() for x in step_params))
+        for name in STATE_FIELDS:
+            if read[name].is_floating_point() and not read[name].requires_grad:
+                read[name] = read[name].detach().requires_grad_()  # its gradient is not needed: dropped
+        return compiled(m, template.replace(**read), step_params)
+
+    return advance
+
+
+def _compile_options(compile: CompileArg) -> dict[str, Any] | None:
+    """rollout's ``compile`` as torch.compile's keyword arguments; None for eager."""
+    if compile is False:
+        return None
+    if compile is True:
+        compile = {}
+    if not isinstance(compile, dict):
+        raise ValueError(f"compile must be False, True or a dict of torch.compile's keyword arguments, "
+                         f"got {compile!r}")
+    return {"fullgraph": True, "dynamic": False, **compile}
 
 
 def _observer(observe: ObserveArg) -> Observe:

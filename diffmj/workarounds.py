@@ -41,7 +41,9 @@ def canonical_layout(out: Data, d: Data) -> Data:
     parameters) comes back as a stride-0 expanded view. Fields equal to another (qacc,
     qacc_warmstart and, without constraints, qacc_smooth) would come back as one buffer if
     the zero added were a known constant: inductor drops `x + 0` and `clone` as no-ops and
-    folds `t * 0` (an int zero) to 0, so the zero is d.time * 0.0, which it keeps. An empty
+    folds `t * 0` (an int zero) to 0, so the zero is d.time * 0.0, which it keeps (d.time detached:
+    a field requires grad only where it did, so a step's input and output agree on that, another thing
+    a compiled step guards on). An empty
     field (site_xmat of a model without sites) is passed through from d: inductor may give
     a fresh empty tensor stride 0, and it holds nothing.
     """
@@ -51,7 +53,7 @@ def canonical_layout(out: Data, d: Data) -> Data:
         if field.numel() == 0 and field.shape == like.shape and field.dtype == like.dtype:
             return like
         if field.dtype not in zeros:
-            zeros[field.dtype] = (d.time * 0.0).to(field.dtype)
+            zeros[field.dtype] = (d.time.detach() * 0.0).to(field.dtype)
         return (field + zeros[field.dtype]).contiguous()
 
     return out.apply(canonical, d)

@@ -82,14 +82,9 @@ def save_plot(path: pathlib.Path, title: str, cost: Mapping[str, Sequence[float]
     values [T].
     Returns the path written, or None when matplotlib is not installed.
     """
-    try:
-        import matplotlib
-    except ImportError:
-        _skipped("plot", f"matplotlib is not installed ({EXTRA})")
+    plt = _pyplot()
+    if plt is None:
         return None
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for label, values in cost.items():
         left.plot(np.arange(len(values)), np.asarray(values), label=label)
@@ -100,6 +95,48 @@ def save_plot(path: pathlib.Path, title: str, cost: Mapping[str, Sequence[float]
     for axes in (left, right):
         axes.grid(alpha=0.3)
         axes.legend()
+    return _save_figure(plt, figure, path, title)
+
+
+def save_curves(path: pathlib.Path, title: str,
+                panels: Sequence[tuple[str, str, str, Mapping[str, tuple[np.ndarray, np.ndarray]]]]) -> pathlib.Path | None:
+    """A PNG of line plots side by side, one panel per (title, xlabel, ylabel, curves) with curves: label
+    -> (x [n], y [n]) (e.g. learning curves: return against wall time and against simulator steps).
+
+    Returns the path written, or None when matplotlib is not installed.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    columns = min(len(panels), 2)
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), squeeze=False)
+    for panel, (panel_title, xlabel, ylabel, curves) in zip(axes.flat, panels):
+        for label, (x, y) in curves.items():
+            panel.plot(np.asarray(x), np.asarray(y), marker=".", label=label)
+        panel.set(xlabel=xlabel, ylabel=ylabel, title=panel_title)
+        panel.grid(alpha=0.3)
+        panel.legend()
+    for unused in axes.flat[len(panels):]:
+        unused.set_visible(False)
+    return _save_figure(plt, figure, path, title)
+
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display), or None (and a line saying so)
+    when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        _skipped("plot", f"matplotlib is not installed ({EXTRA})")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_figure(plt, figure, path: pathlib.Path, title: str) -> pathlib.Path:
     figure.suptitle(title)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

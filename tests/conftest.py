@@ -191,6 +191,16 @@ def settled_state(mjm: mujoco.MjModel, steps: int, seed: int = 0, ctrl_scale: fl
     return mjd
 
 
+@pytest.fixture(scope="module")
+def arm_on_box():
+    """ARM_ON_BOX (6 iterations) settled for 40 steps: contact and limit rows active (small, cheap to compile)."""
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=6))
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, settled_state(mjm, 40))
+    assert bool(diffmj.forward(m, d).efc_active.any())
+    return m, d
+
+
 # ---------------------------------------------------------------- stage tests
 
 CONTACT_FIELDS = tuple(f.name for f in dataclasses.fields(diffmj.types.Contact))

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from diffmj import optim
-from optim_examples import tasks
+from optim_examples import report, tasks
 
 ROOT = pathlib.Path(__file__).parents[1]
 EXAMPLES = sorted(p.stem for p in (ROOT / "optim_examples").glob("*.py") if "def main(" in p.read_text())
@@ -34,7 +34,7 @@ def _python(code: str, tmp_path: pathlib.Path, gl: str = "disable") -> subproces
 
 
 def test_every_example_is_listed():
-    assert EXAMPLES == ["acrobot_mpc", "cartpole_ilqr", "cartpole_mpc", "push_box", "sysid_mass_damping"]
+    assert EXAMPLES == ["acrobot_mpc", "apg", "cartpole_ilqr", "cartpole_mpc", "push_box", "sysid_mass_damping"]
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -56,6 +56,7 @@ with report.Progress(3, "count") as bar:
         bar.update(cost=float(i))
 out = pathlib.Path("out")
 assert report.save_plot(out / "p.png", "t", {"cost": [3.0, 2.0]}, "iteration", np.arange(2), {"x": [0, 1]}) is None
+assert report.save_curves(out / "c.png", "t", [("a", "x", "y", {"one": ([0, 1], [2, 3])})]) is None
 model = mujoco.MjModel.from_xml_string(tasks.CARTPOLE_XML)
 assert report.save_video(out / "v.gif", model, np.zeros((3, model.nq)), camera="fixed") is None
 assert not out.exists()
@@ -66,8 +67,17 @@ assert not out.exists()
     assert lines[0] == "count: 3 steps (install tqdm for a progress bar)"
     assert lines[1].startswith("count 1/3  cost 0  ") and lines[3].startswith("count 3/3  cost 2  ")
     assert lines[4] == 'plot skipped: matplotlib is not installed (pip install -e ".[examples]")'
-    assert lines[5].startswith("video skipped: mujoco.Renderer has no OpenGL context (MUJOCO_GL=disable;")
-    assert len(lines) == 6
+    assert lines[5] == lines[4]
+    assert lines[6].startswith("video skipped: mujoco.Renderer has no OpenGL context (MUJOCO_GL=disable;")
+    assert len(lines) == 7
+
+
+def test_save_curves_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    panels = [(f"panel {i}", "x", "y", {"a": (np.arange(3), np.arange(3.0) * i), "b": ([0, 2], [1, 0])})
+              for i in range(3)]
+    path = report.save_curves(tmp_path / "c.png", "three panels", panels)
+    assert path == tmp_path / "c.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow  # two subprocesses importing torch and diffmj: ~35 s each on a loaded 2-core machine

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import ARM_ON_BOX, BENCHMARK_MODELS, TOL, assert_close, mj_model, settled_state
+from tests.conftest import BENCHMARK_MODELS, TOL, assert_close, mj_model, settled_state
 from tests.test_solver import converged
 
 IMPLICIT, UNROLL = diffmj.BackwardMode.IMPLICIT, diffmj.BackwardMode.UNROLL
@@ -114,16 +114,6 @@ def test_implicit_matches_finite_differences():
               - loss(d.qvel - eps * dirs[0], m.geom_friction - eps * dirs[1])) / (2 * eps)
         analytic = sum((g * v).sum() for g, v in zip(grads, dirs))
         assert_close("directional derivative", analytic, fd, TOL["finite_difference"])
-
-
-@pytest.fixture(scope="module")
-def arm_on_box():
-    """A small contact model: a box on a plane with an actuated capsule arm."""
-    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=6))
-    m = diffmj.put_model(mjm)
-    d = diffmj.put_data(m, settled_state(mjm, 40))
-    assert bool(diffmj.forward(m, d).efc_active.any())
-    return m, d
 
 
 def _step_loss(m, d):

@@ -135,6 +135,26 @@ def test_gauss_newton_gradient_equals_autograd(norm):
     torch.testing.assert_close(derivatives.value, optim.trajectory_cost(m, cost, states, ctrl), rtol=1e-14, atol=0)
 
 
+def test_running_cost_is_trajectory_costs_step():
+    """running_cost of a Data batch [2, 4] (states at their step's ctrl) equals trajectory_cost's running
+    values, the batch and one state alone, with forward=True residuals (xpos); its gradient in ctrl is the
+    quadratic term's, weight * ctrl."""
+    m, states, ctrl = _pendulum_problem(optim.SmoothAbs(0.2))
+    cost = optim.Cost(running=(optim.Term(lambda m, d: d.xpos[3], 2.0, optim.SmoothAbs(0.2)),
+                               optim.Term(lambda m, d: d.ctrl, 0.5)), forward=True)
+    batch = torch.stack([states, states])
+    controls = torch.stack([ctrl, 2 * ctrl])
+    want = optim.trajectory_cost(m, cost, batch, controls)[:, :-1]
+    at_ctrl = batch[:, :-1].replace(ctrl=controls)
+    torch.testing.assert_close(optim.running_cost(m, cost, at_ctrl), want, rtol=1e-14, atol=0)
+    torch.testing.assert_close(optim.running_cost(m, cost, at_ctrl[1, 2]), want[1, 2], rtol=1e-14, atol=0)
+    ctrl_leaf = controls.clone().requires_grad_(True)
+    optim.running_cost(m, cost, at_ctrl.replace(ctrl=ctrl_leaf)).sum().backward()
+    torch.testing.assert_close(ctrl_leaf.grad, 0.5 * controls, rtol=1e-14, atol=0)
+    with pytest.raises(ValueError, match="diffmj.optim.Cost"):
+        optim.running_cost(m, cost.running, at_ctrl)
+
+
 @pytest.mark.parametrize("norm", NORMS, ids=lambda n: type(n).__name__)
 def test_gauss_newton_hessian_equals_autograd_for_affine_residuals(norm):
     """Residuals affine in (dx, u) have no curvature of their own: the Gauss-Newton Hessian is the Hessian."""

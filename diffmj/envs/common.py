@@ -56,6 +56,14 @@ def initial_data(m: Model, qpos_noise: Tensor, qvel_noise: Tensor) -> Data:
     return forward(m, d)
 
 
+def random_initial_data(m: Model, batch: tuple[int, ...], scale: float, generator: torch.Generator) -> Data:
+    """``initial_data`` [*batch] with both noises uniform in [-scale, scale], drawn from generator (on the
+    model's device) as one [2, *batch, nv] tensor: what the torchrl environments' resets draw."""
+    noise = torch.rand((2, *batch, m.nv), generator=generator, dtype=m.dtype, device=m.device)
+    noise = scale * (2 * noise - 1)
+    return initial_data(m, noise[0], noise[1])
+
+
 def advance(m: Model, d: Data, action: Tensor, frame_skip: int) -> Data:
     """d after ``frame_skip`` steps with ctrl = action [*batch, nu] held throughout."""
     if action.shape != d.ctrl.shape or action.dtype != m.dtype:

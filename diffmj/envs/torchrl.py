@@ -79,10 +79,7 @@ class _DiffMJEnvBase(EnvBase):
 
     def _initial_data(self, batch: torch.Size) -> Data:
         """Fresh per-world initial states for a batch."""
-        m = self.model
-        noise = torch.rand((2, *batch, m.nv), generator=self.generator, dtype=m.dtype, device=m.device)
-        noise = self.reset_noise_scale * (2 * noise - 1)
-        return common.initial_data(m, noise[0], noise[1])
+        return common.random_initial_data(self.model, tuple(batch), self.reset_noise_scale, self.generator)
 
     def _outputs(self, d: Data, action: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """observation, terminated, done and (after a step, action not None) reward of d."""

@@ -5,7 +5,9 @@ segment boundaries. The backward pass walks the segments in reverse: it
 re-runs one segment from its stored boundary state under ``torch.func.vjp``
 and pulls back the cotangents of that segment's outputs together with the
 cotangent of its final state. Peak memory is one segment's tape plus the
-boundary states; the gradient equals the full-tape gradient.
+boundary states; the gradient equals the full-tape gradient. A step is
+whatever the caller's ``advance`` runs (eager, vmapped over a batch, or
+compiled), in the forward pass and in the recomputation alike.
 
 It is a new-style ``torch.autograd.Function`` (setup_context, generated vmap
 rule) over flat tensors, so it composes with ``torch.func.grad`` / ``vjp`` /
@@ -21,9 +23,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj.forward import step_unbatched
 from diffmj.io import make_data
-from diffmj.types import INPUT_FIELDS, STATE_FIELDS, BackwardMode, Data, Model
+from diffmj.types import INPUT_FIELDS, STATE_FIELDS, Data, Model
 from diffmj.workarounds import transform_active
 
 # Data fields a step reads besides the state it advances: the inputs it holds constant (ctrl comes per step)
@@ -32,15 +33,12 @@ HELD_INPUTS = tuple(f for f in INPUT_FIELDS if f != "ctrl")
 # observe(m, d) -> what a rollout keeps of each step's Data: a pytree of tensors; None keeps the Data
 Observe = Callable[[Model, Data], Any] | None
 
-# control(params, t, m, d) -> ctrl [nu] for step t from the Data before it, a function of d's state (its
-# other fields are stale where a checkpointed segment starts); params: a tuple of tensors (the open loop's is
-# (ctrl [T, nu],), a policy's its weights), what a rollout differentiates the controls by
-Control = Callable[[tuple[Tensor, ...], int, Model, Data], Tensor]
-
-
-def open_loop(params: tuple[Tensor], t: int, m: Model, d: Data) -> Tensor:
-    """The open-loop Control: step t applies row t of params = (ctrl [T, nu],)."""
-    return params[0][t]
+# advance(m, d, params, t) -> (the Data after step t, what the rollout keeps of it): step t of a rollout from the
+# Data d before it (unbatched, or batched along the first dimension as every tensor of params is or is not); a
+# function of d's state and HELD_INPUTS (its other fields are stale where a checkpointed segment starts) and of
+# params, a tuple of tensors: what a rollout differentiates the controls by (an open loop's controls [T, nu], a
+# policy's weights)
+Advance = Callable[[Model, Data, tuple[Tensor, ...], int], tuple[Data, Any]]
 
 
 class Layout(NamedTuple):
@@ -52,9 +50,7 @@ class Layout(NamedTuple):
     n_params: int  # the control's parameters
     segment: int  # steps per segment
     horizon: int  # T
-    mode: BackwardMode  # how each step's solver is differentiated
-    control: Control  # each step's ctrl
-    observe: Observe  # what each step keeps
+    advance: Advance  # each step
 
 
 def join(parts: list, op: Callable) -> Any:
@@ -64,21 +60,20 @@ def join(parts: list, op: Callable) -> Any:
     return pytree.tree_map(lambda *leaves: op(leaves), *parts)
 
 
-def run_steps(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], steps: range, mode: BackwardMode,
-              observe: Observe = None) -> tuple[Any, Data]:
-    """Step an unbatched d through the steps t in ``steps`` with ctrl = control(params, t, d); returns (the
-    observations stacked over the steps: a Data of batch [len(steps)] when observe is None, and the last Data)."""
+def run_steps(m: Model, d: Data, advance: Advance, params: tuple[Tensor, ...], steps: range) -> tuple[Any, Data]:
+    """Advance d through the steps t in ``steps``; returns (what advance keeps of each step, stacked along a new
+    first dimension: a Data of batch [len(steps), *d.batch_size] when it keeps the Data, and the last Data)."""
     outs = []
     for t in steps:
-        d = step_unbatched(m, d.replace(ctrl=control(params, t, m, d)), mode)
-        outs.append(d if observe is None else observe(m, d))
+        d, kept = advance(m, d, params, t)
+        outs.append(kept)
     return join(outs, torch.stack), d
 
 
 def _initial(m: Model, inputs, state) -> Data:
-    """A Data holding only what a step reads: the constant inputs and the state."""
-    d = make_data(m)
-    return d.replace(**dict(zip(HELD_INPUTS, inputs)), **dict(zip(STATE_FIELDS, state)))
+    """A Data holding only what a step reads: the constant inputs and the state (its time [*batch])."""
+    state = dict(zip(STATE_FIELDS, state))
+    return make_data(m, state["time"].shape).replace(**dict(zip(HELD_INPUTS, inputs)), **state)
 
 
 def _segments(layout: Layout) -> list[range]:
@@ -99,7 +94,7 @@ class CheckpointedRollout(torch.autograd.Function):
         outs, boundaries = [], []
         for steps in _segments(layout):
             boundaries.extend(getattr(d, name).clone() for name in STATE_FIELDS)
-            traj, d = run_steps(m, d, layout.control, params, steps, layout.mode, layout.observe)
+            traj, d = run_steps(m, d, layout.advance, params, steps)
             outs.append(traj)
         leaves = pytree.tree_flatten(join(outs, torch.cat))[0]
         # cloned: a field no step changes (act when na = 0) would be a saved input returned as-is
@@ -148,8 +143,7 @@ class CheckpointedRollout(torch.autograd.Function):
         def segment_fn(state, model_float, input_vals, param_vals, steps):
             m = pytree.tree_unflatten(replaced(m_leaves, differentiable, model_float), layout.model_spec)
             d = _initial(m, replaced(inputs, input_float, input_vals), state)
-            traj, last = run_steps(m, d, layout.control, tuple(replaced(params, param_float, param_vals)), steps,
-                                   layout.mode, layout.observe)
+            traj, last = run_steps(m, d, layout.advance, tuple(replaced(params, param_float, param_vals)), steps)
             leaves = pytree.tree_flatten(traj)[0]
             return [leaves[i] for i in float_out], [getattr(last, name) for name in STATE_FIELDS]
 
@@ -214,28 +208,28 @@ def _unpack(layout: Layout, flat):
     return pytree.tree_unflatten(list(m_leaves), layout.model_spec), inputs, state, params
 
 
-def checkpointed_rollout(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], horizon: int, segment: int,
-                         mode: BackwardMode, observe: Observe = None) -> Any:
-    """The observations (as ``run_steps``) of an unbatched d over ``horizon`` steps of ``control``,
-    recomputing segments of ``segment`` steps in the backward pass.
+def checkpointed_rollout(m: Model, d: Data, advance: Advance, params: tuple[Tensor, ...], horizon: int, segment: int,
+                         observe: Observe = None) -> Any:
+    """What ``run_steps`` keeps of d over ``horizon`` steps of ``advance`` (observe: what advance keeps, None
+    for the Data), recomputing segments of ``segment`` steps in the backward pass.
 
     The last segment keeps its tape (as torch.utils.checkpoint.checkpoint_sequential does): the
     backward pass needs it first, so recomputing it would only cost time.
     """
     head = segment * ((horizon - 1) // segment)  # steps before the last segment
     if head == 0:
-        return run_steps(m, d, control, params, range(horizon), mode, observe)[0]
+        return run_steps(m, d, advance, params, range(horizon))[0]
     m_leaves, model_spec = pytree.tree_flatten(m)
     layout = Layout(model_spec=model_spec, n_model=len(m_leaves), n_input=len(HELD_INPUTS), n_params=len(params),
-                    segment=segment, horizon=head, mode=mode, control=control, observe=observe)
+                    segment=segment, horizon=head, advance=advance)
     flat = (*m_leaves, *(getattr(d, n) for n in HELD_INPUTS), *(getattr(d, n) for n in STATE_FIELDS), *params)
     out = CheckpointedRollout.apply(layout, *flat)
     if observe is None:
-        spec = pytree.tree_flatten(make_data(m, (head,)))[1]
-    else:  # stacking keeps a pytree's structure; observe runs once more, on d, to learn it
+        spec = pytree.tree_flatten(make_data(m, (head, *d.batch_size)))[1]
+    else:  # stacking keeps a pytree's structure; observe runs once more, on one state of d, to learn it
         with torch.no_grad():
-            spec = pytree.tree_flatten(observe(m, d))[1]
+            spec = pytree.tree_flatten(observe(m, d[0] if d.batch_dims else d))[1]
     n_obs = len(out) - _n_boundaries(layout) - len(STATE_FIELDS)
     last = d.replace(**dict(zip(STATE_FIELDS, out[n_obs : n_obs + len(STATE_FIELDS)])))
-    tail = run_steps(m, last, control, params, range(head, horizon), mode, observe)[0]
+    tail = run_steps(m, last, advance, params, range(head, horizon))[0]
     return join([pytree.tree_unflatten(list(out[:n_obs]), spec), tail], torch.cat)

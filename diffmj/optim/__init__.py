@@ -15,6 +15,7 @@ from diffmj.optim.cost import (
     SmoothAbs,
     Term,
     cost_derivatives,
+    running_cost,
     trajectory_cost,
 )
 from diffmj.optim import sysid
@@ -53,6 +54,7 @@ __all__ = [
     "predictive_sampling",
     "rollout_costs",
     "rollout_mujoco",
+    "running_cost",
     "shift_ctrl",
     "shift_knots",
     "spline_ctrl",

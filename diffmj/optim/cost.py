@@ -208,6 +208,22 @@ def _total(m: Model, terms: tuple[Term, ...], d: Data) -> Tensor:
     return total
 
 
+def running_cost(m: Model, cost: Cost, d: Data) -> Tensor:
+    """The running cost of each Data in d at its own ``ctrl`` [*batch]: trajectory_cost's value of a step
+    before the last, for one state. Maps over d's batch dimensions; differentiable. Its negative is a
+    reward (``diffmj.envs``' ``reward(m, d, action)``, where d's ctrl is the action) and it can be
+    rollout's ``observe=`` (the cost of every step, without keeping the states)."""
+    if not isinstance(cost, Cost):
+        raise ValueError(f"cost must be a diffmj.optim.Cost, got {type(cost).__name__}")
+
+    def one(d: Data) -> Tensor:
+        return _total(m, cost.running, forward(m, d) if cost.forward else d)
+
+    if not d.batch_dims:
+        return one(d)
+    return torch.vmap(one)(d.reshape(-1)).reshape(d.batch_size)
+
+
 def trajectory_cost(m: Model, cost: Cost, states: Data, ctrl: Tensor) -> Tensor:
     """The cost of each step, [..., T+1]: running at (states[..., t], ctrl[..., t]), terminal at states[..., T].
 
