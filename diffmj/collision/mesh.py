@@ -197,7 +197,6 @@ def plane_mesh(plane: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candidat
     return make_candidates(valid, dist, pos, normal[..., None, :])
 
 
-
 def _closest_on_hull(shape: MeshShape, point: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Signed distance [n] from ``point`` [n, 3] (mesh frame) to the hull (negative inside), the
     nearest hull surface point [n, 3] and the outward unit normal there [n, 3].
