@@ -30,7 +30,7 @@ NCASE = 200
 PAIRS = {
     f"{type1.name.lower()}_{type2.name.lower()}": (type1, type2, c.collide, c.max_contacts)
     for (type1, type2), c in COLLIDERS.items()
-    if not c.general_convex
+    if not c.general_convex and GeomType.MESH not in (type1, type2)  # meshes: test_collision_mesh.py
 }
 
 # rotations that produce exactly aligned / perpendicular axes (quaternions w, x, y, z)

@@ -40,6 +40,23 @@ class GeomPose(NamedTuple):
     size: Tensor  # [n, 3] geom_size
 
 
+class MeshShape(NamedTuple):
+    """The convex hull of a mesh geom, as MuJoCo's collision functions see it (see ``mesh.py``)."""
+
+    vert: Tensor  # [n, V, 3] the mesh's vertices in its frame, padded with copies of vertex 0
+    vert_poly: Tensor  # [n, V, P] long: the hull polygons at each vertex (-1: none)
+    poly_vert: Tensor  # [n, F, K] long: each hull polygon's vertices in order (-1 past the end)
+    poly_normal: Tensor  # [n, F, 3] outward unit normal of each hull polygon, in the mesh frame
+    facet: Tensor  # [n, T, 3] long: the hull's triangles, counter-clockwise seen from outside (-1: none)
+
+
+class MeshPose(NamedTuple):
+    """Mesh geoms in world coordinates, with their hulls: what pair functions get for a mesh geom."""
+
+    pose: GeomPose
+    shape: MeshShape
+
+
 class Candidates(NamedTuple):
     """Up to k contacts for each of n geom pairs."""
 

@@ -766,7 +766,7 @@ def _quad_area(poly: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tens
 _TIE = 1e-9  # relative area difference within which two quadrilaterals count as equal
 
 
-def _largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
+def largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
     """MuJoCo's polygonQuad: four vertex indices [n, 4] of a large quadrilateral in poly, and
     whether the search met a tie [n].
 
@@ -785,7 +785,7 @@ def _largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
     result = torch.stack((a, b, c, d), -1)
     phase = torch.where(npoly >= 5, 0, 3)  # 3: done
     tied = torch.zeros_like(npoly, dtype=torch.bool)
-    for _ in range(4 * _CAPACITY + 4):
+    for _ in range(4 * poly.shape[-2] + 4):
         bn, cn, dn = (b + 1) % n, (c + 1) % n, (d + 1) % n
         area = _quad_area(poly, a, torch.where(phase == 2, bn, b), torch.where(phase == 1, cn, c),
                           torch.where(phase == 0, dn, d))
@@ -826,11 +826,11 @@ def _clip_contacts(face, nface, poly, npoly, normal, wit, margin, maxc: int, edg
 
     Returns the count [n], the points on the clipping face [n, maxc, 3], the points on the
     clipped polygon side [n, maxc, 3], their distances along ``wit`` [n, maxc] and whether
-    the choice of a quadrilateral met a tie [n] (see _largest_quad).
+    the choice of a quadrilateral met a tie [n] (see largest_quad).
     """
     poly, npoly = _clip(face, nface, poly, npoly, normal, margin)
     with torch.no_grad():
-        quad, tied = _largest_quad(poly.detach(), npoly)
+        quad, tied = largest_quad(poly.detach(), npoly)
         pair = _farthest_pair(poly.detach(), npoly)
     first = torch.arange(maxc, device=poly.device).expand(*npoly.shape, maxc)
     use_quad = (maxc < 5) & (npoly >= 5)
@@ -865,7 +865,7 @@ def _multicontact(kinds: tuple[GeomType, GeomType], geoms: tuple[GeomPose, GeomP
 
     Returns (use [n], dist [n, maxc], pos [n, maxc, 3], normal [n, maxc, 3], count [n], tied [n]):
     where ``use``, the contacts from clipping the contacting features replace the single one;
-    ``tied``: their choice among equally large quadrilaterals is arbitrary (see _largest_quad).
+    ``tied``: their choice among equally large quadrilaterals is arbitrary (see largest_quad).
     """
     geom1, geom2 = geoms
     half = 0.5 * margin[..., None]

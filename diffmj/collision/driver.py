@@ -17,8 +17,10 @@ import torch
 from torch import Tensor
 
 from diffmj import math
-from diffmj.collision.common import Candidates, GeomPose, make_frame
+from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_frame
+from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.pairs import COLLIDERS
+from diffmj.enums import GeomType
 from diffmj.types import Contact, Data, EnableBit, Model
 
 MINMU = 1e-5  # mjMINMU: smallest friction coefficient MuJoCo allows
@@ -93,8 +95,9 @@ def _narrow_phase(m: Model, d: Data, margin_gap: Tensor) -> Candidates:
     parts = []
     for group in plan.groups:
         g1, g2 = plan.geom1[group.pair], plan.geom2[group.pair]
-        pose1 = GeomPose(d.geom_xpos[g1], d.geom_xmat[g1], m.geom_size[g1])
-        pose2 = GeomPose(d.geom_xpos[g2], d.geom_xmat[g2], m.geom_size[g2])
+        poses = [GeomPose(d.geom_xpos[g], d.geom_xmat[g], m.geom_size[g]) for g in (g1, g2)]
+        pose1, pose2 = (MeshPose(pose, mesh_shape(plan.meshes, plan.geom_mesh[g])) if kind == GeomType.MESH else pose
+                        for pose, g, kind in zip(poses, (g1, g2), group.types))
         found = COLLIDERS[group.types].collide(pose1, pose2, margin_gap[group.pair])
         parts.append(Candidates(*(x.flatten(0, 1) for x in found)))
     return Candidates(*(torch.cat(fields) for fields in zip(*parts)))

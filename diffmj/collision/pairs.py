@@ -12,15 +12,16 @@ from typing import Callable, NamedTuple
 
 from torch import Tensor
 
-from diffmj.collision import box, convex, primitive
-from diffmj.collision.common import Candidates, GeomPose
+from diffmj.collision import box, convex, mesh, primitive
+from diffmj.collision.common import Candidates, GeomPose, MeshPose
 from diffmj.enums import GeomType
 
 
 class Collider(NamedTuple):
     """Narrow phase of one type pair."""
 
-    collide: Callable[[GeomPose, GeomPose, Tensor], Candidates]  # (geom1, geom2, margin [n]) -> [n, max_contacts]
+    # (geom1, geom2, margin [n]) -> [n, max_contacts]; a mesh geom comes as a MeshPose
+    collide: Callable[[GeomPose | MeshPose, GeomPose | MeshPose, Tensor], Candidates]
     max_contacts: int  # contact slots per pair (MuJoCo's mj_maxContact, unless noted)
     general_convex: bool = False  # MuJoCo collides the pair with its general convex collision (mjc_Convex)
 
@@ -48,6 +49,8 @@ COLLIDERS: dict[tuple[GeomType, GeomType], Collider] = {
     (_G.PLANE, _G.ELLIPSOID): Collider(primitive.plane_ellipsoid, 1),
     (_G.PLANE, _G.CYLINDER): Collider(primitive.plane_cylinder, 4),
     (_G.PLANE, _G.BOX): Collider(primitive.plane_box, 4),
+    (_G.PLANE, _G.MESH): Collider(mesh.plane_mesh, mesh.PLANE_CONTACTS),
+    (_G.SPHERE, _G.MESH): Collider(mesh.sphere_mesh, 1, general_convex=True),
     (_G.SPHERE, _G.SPHERE): Collider(primitive.sphere_sphere, 1),
     (_G.SPHERE, _G.CAPSULE): Collider(primitive.sphere_capsule, 1),
     (_G.SPHERE, _G.CYLINDER): Collider(primitive.sphere_cylinder, 1),

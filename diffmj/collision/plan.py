@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffmj.collision.mesh import Meshes, build_meshes, mesh_unsupported
 from diffmj.collision.pairs import COLLIDERS
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
 from diffmj.enums import DisableBit, GeomType, ObjType
@@ -40,6 +41,8 @@ class CollisionPlan(PyTreeNode):
     groups: tuple[PairGroup, ...]
     contact_pair: Tensor  # [ncon] candidate pair of each contact slot
     contact_geom: Tensor  # [ncon, 2] geom ids of each contact slot
+    meshes: Meshes  # the meshes of the mesh geoms in candidate pairs
+    geom_mesh: Tensor  # [ngeom] row of each geom's mesh in ``meshes`` (0 for other geoms)
     contact_dim: tuple[int, ...] = static_field()  # condim of each contact slot
     ncon: int = static_field()
 
@@ -108,23 +111,42 @@ def _condim(mjm: mujoco.MjModel, g1: int, g2: int, p: int, priority1: float) -> 
     return int(max(mjm.geom_condim[g1], mjm.geom_condim[g2]))
 
 
+def _describe(mjm: mujoco.MjModel, g1: int, g2: int) -> str:
+    n1 = mujoco.mj_id2name(mjm, ObjType.GEOM, g1) or f"#{g1}"
+    n2 = mujoco.mj_id2name(mjm, ObjType.GEOM, g2) or f"#{g2}"
+    type1, type2 = (GeomType(mjm.geom_type[g]).name.lower() for g in (g1, g2))
+    return f"geom pair '{n1}' ({type1}) - '{n2}' ({type2})"
+
+
 def _first_pair(mjm: mujoco.MjModel, types) -> str | None:
     """A description of the first candidate pair whose type pair is in ``types``, if any."""
     for g1, g2, _ in candidate_pairs(mjm):
-        key = (int(mjm.geom_type[g1]), int(mjm.geom_type[g2]))
-        if key in types:
-            n1 = mujoco.mj_id2name(mjm, ObjType.GEOM, g1) or f"#{g1}"
-            n2 = mujoco.mj_id2name(mjm, ObjType.GEOM, g2) or f"#{g2}"
-            type1, type2 = (GeomType(t).name.lower() for t in key)
-            return f"geom pair '{n1}' ({type1}) - '{n2}' ({type2})"
+        if (int(mjm.geom_type[g1]), int(mjm.geom_type[g2])) in types:
+            return _describe(mjm, g1, g2)
     return None
+
+
+def _pair_meshes(mjm: mujoco.MjModel) -> list[int]:
+    """The meshes of the mesh geoms in candidate pairs, in order of first use."""
+    meshes = []
+    for g in (g for pair in candidate_pairs(mjm) for g in pair[:2]):
+        if mjm.geom_type[g] == GeomType.MESH and mjm.geom_dataid[g] not in meshes:
+            meshes.append(int(mjm.geom_dataid[g]))
+    return meshes
 
 
 def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
     """A description of the first candidate pair without a narrow-phase function, if any."""
     missing = {(a, b) for a in GeomType for b in GeomType if a <= b} - set(COLLIDERS)
     pair = _first_pair(mjm, missing)
-    return f"{pair}: collision" if pair else None
+    if pair:
+        return f"{pair}: collision"
+    for g1, g2, _ in candidate_pairs(mjm):
+        for g in (g1, g2):
+            why = mjm.geom_type[g] == GeomType.MESH and mesh_unsupported(mjm, int(mjm.geom_dataid[g]))
+            if why:
+                return f"{_describe(mjm, g1, g2)}: mesh {mujoco.mj_id2name(mjm, ObjType.MESH, mjm.geom_dataid[g])}: {why}"
+    return None
 
 
 def convex_pair(mjm: mujoco.MjModel, multi: bool = False) -> str | None:
@@ -154,6 +176,9 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
         for i in members:
             contact_pair += [i] * collider.max_contacts
             contact_dim += [_condim(mjm, g1[i], g2[i], pid[i], priority1[i])] * collider.max_contacts
+    meshes = _pair_meshes(mjm)
+    geom_mesh = [meshes.index(int(k)) if t == GeomType.MESH and k in meshes else 0
+                 for t, k in zip(mjm.geom_type, mjm.geom_dataid)]
     geoms = np.stack([np.asarray(g1, dtype=np.int64), np.asarray(g2, dtype=np.int64)], -1)
     contact_geom = geoms[np.asarray(contact_pair, dtype=np.int64)] if contact_pair else np.zeros((0, 2))
     return CollisionPlan(
@@ -165,6 +190,8 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
         groups=tuple(groups),
         contact_pair=long(contact_pair),
         contact_geom=torch.as_tensor(contact_geom.astype(np.int64), device=device).reshape(-1, 2),
+        meshes=build_meshes(mjm, meshes, dtype, device),
+        geom_mesh=long(geom_mesh),
         contact_dim=tuple(contact_dim),
         ncon=len(contact_pair),
     )
