@@ -80,6 +80,9 @@ class ActuatorPlan(PyTreeNode):
     act_filter: Tensor  # [na] 1 for filter and filterexact dynamics
     act_filterexact: Tensor  # [na] 1 for filterexact dynamics
     act_limited: Tensor  # [na] bool
+    act_muscle: Tensor  # [k] activations with muscle dynamics
+    gain_muscle_act: Tensor  # [k] actuators with muscle gain
+    bias_muscle_act: Tensor  # [k] actuators with muscle bias
     tendon_frclimited_act: Tensor  # actuators on force-limited tendons
     tendon_frclimited_id: Tensor  # their tendon
     jnt_frclimited_dofadr: Tensor  # first dof of each joint with actuatorfrcrange
@@ -175,6 +178,9 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
         act_filter=f((dyn == DynType.FILTER) | (dyn == DynType.FILTEREXACT)),
         act_filterexact=f(dyn == DynType.FILTEREXACT),
         act_limited=torch.as_tensor(mjm.actuator_actlimited[act_actuator].astype(bool), device=device),
+        act_muscle=_long(np.flatnonzero(dyn == DynType.MUSCLE), device),
+        gain_muscle_act=_long(np.flatnonzero(mjm.actuator_gaintype == GainType.MUSCLE), device),
+        bias_muscle_act=_long(np.flatnonzero(mjm.actuator_biastype == BiasType.MUSCLE), device),
         tendon_frclimited_act=_long(limited_tendon_acts, device),
         tendon_frclimited_id=_long(trnid[limited_tendon_acts], device),
         jnt_frclimited_dofadr=_long(mjm.jnt_dofadr[limited_jnts], device),
