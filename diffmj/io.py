@@ -8,6 +8,7 @@ element, so no model runs with silently different physics.
 from __future__ import annotations
 
 import os
+import warnings
 
 import mujoco
 import numpy as np
@@ -53,9 +54,9 @@ from diffmj.types import (
 )
 
 _SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE)
-_SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT)
-_SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE)
-_SUPPORTED_BIAS = (BiasType.NONE, BiasType.AFFINE)
+_SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT, DynType.MUSCLE)
+_SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE, GainType.MUSCLE)
+_SUPPORTED_BIAS = (BiasType.NONE, BiasType.AFFINE, BiasType.MUSCLE)
 _SUPPORTED_EQ = (EqType.CONNECT, EqType.WELD, EqType.JOINT, EqType.TENDON)
 
 
@@ -90,8 +91,6 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         if count:
             _refuse(feature)
     _check_sensors(mjm)
-    if opt.solver not in SUPPORTED_SOLVERS:
-        _refuse(f"option solver '{SolverType(opt.solver).name}' (use Newton or CG)")
     for flag, name in ((EnableBit.DIAGEXACT, "diagexact"), (EnableBit.SPECULATIVE, "speculative")):
         if opt.enableflags & flag:
             _refuse(f"option flag '{name}'")
@@ -173,6 +172,19 @@ def _check_sensors(mjm: mujoco.MjModel) -> None:
                     _refuse(f"{sname}: rangefinder ray against {GeomType(mjm.geom_type[g]).name.lower()} geom {gname}")
 
 
+def _solver(solver: SolverType) -> SolverType:
+    """The model's solver; PGS models are solved by Newton, with a warning (the same optimum)."""
+    if solver in SUPPORTED_SOLVERS:
+        return solver
+    warnings.warn(
+        f"the model asks for the {solver.name} solver, which diffmj does not implement: it is solved by "
+        "Newton instead. MuJoCo's solvers minimise the same convex problem, so at convergence qacc "
+        "agrees to the solver tolerance; efc_force can differ where the optimum is not unique.",
+        stacklevel=3,
+    )
+    return SolverType.NEWTON
+
+
 def _tuple(x) -> tuple[int, ...]:
     return tuple(int(v) for v in np.asarray(x).reshape(-1))
 
@@ -216,7 +228,7 @@ def put_model(
         magnetic=t(o.magnetic),
         integrator=IntegratorType(o.integrator),
         cone=ConeType(o.cone),
-        solver=SolverType(o.solver),
+        solver=_solver(SolverType(o.solver)),
         iterations=int(o.iterations),
         ls_iterations=int(o.ls_iterations),
         disableflags=int(o.disableflags),
