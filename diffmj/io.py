@@ -178,8 +178,8 @@ def _solver(solver: SolverType) -> SolverType:
         return solver
     warnings.warn(
         f"the model asks for the {solver.name} solver, which diffmj does not implement: it is solved by "
-        "Newton instead. MuJoCo's solvers minimise the same convex problem, so at convergence qacc "
-        "agrees to the solver tolerance; efc_force can differ where the optimum is not unique.",
+        "Newton instead. MuJoCo's solvers minimise the same convex problem, whose optimum is unique: "
+        "qacc and efc_force agree with a PGS solve to within about the square root of its tolerance.",
         stacklevel=3,
     )
     return SolverType.NEWTON
