@@ -1,11 +1,16 @@
 """Actuation: activation dynamics, gains, biases, forces (mj_fwdActuation).
 
 Supported: dynamics none / integrator / filter / filterexact / muscle, gain
-fixed / affine / muscle, bias none / affine / muscle, control, activation and
+fixed / affine / muscle, bias none / affine / muscle, DC motors driven by
+voltage (with or without a current state, cogging), control, activation and
 force clamping, ``actearly``, tendon and joint actuator force limits,
 actuator gravity compensation. Everything else is refused in ``put_model``.
 
-Muscles are MuJoCo's (``mju_muscleGain``, ``mju_muscleBias``,
+DC motors (MuJoCo's ``dcmotor``: gainprm = (R, K, ...), dynprm = (te, di/dt max,
+...), biasprm = (cogging amplitude, periods, phase, ...)) drive ``K / R (V - K
+omega)`` without a current state and ``K i`` with one, ``di/dt = (V / R - K
+omega / R - i) / te``; cogging ``A sin(Np length + phase)`` is added after the
+force clamps. Muscles are MuJoCo's (``mju_muscleGain``, ``mju_muscleBias``,
 ``mju_muscleDynamics``): the gain and bias read the actuator's length
 normalised by the compiled ``actuator_lengthrange`` and, for ``force < 0``,
 the peak force ``scale / actuator_acc0``.
@@ -123,6 +128,12 @@ def muscle_bias(length: Tensor, lengthrange: Tensor, acc0: Tensor, prm: Tensor) 
     return torch.where(normalised <= 1, 0.0, -force * prm[:, 7] * passive)
 
 
+def _dcmotor_constants(m: Model) -> tuple[Tensor, Tensor, Tensor]:
+    """(resistance clamped to MINVAL, motor constant K, 1 where the motor has a current state) per DC motor. [k]"""
+    i = m.actuator_plan.dcmotor_act
+    return torch.clamp(m.actuator_gainprm[i, 0], min=math.MINVAL), m.actuator_gainprm[i, 1], m.actuator_plan.has_act[i]
+
+
 def next_activation(m: Model, act: Tensor, act_dot: Tensor) -> Tensor:
     """Activations after one timestep, clamped to actrange (mj_nextActivation). [na]"""
     plan = m.actuator_plan
@@ -161,6 +172,13 @@ def _gain_bias_force(m: Model, d: Data, ctrl: Tensor, act_dot: Tensor) -> Tensor
     if plan.bias_muscle_act.shape[0]:
         i = plan.bias_muscle_act
         bias = bias.index_copy(0, i, muscle_bias(length[i], m.actuator_lengthrange[i], m.actuator_acc0[i], m.actuator_biasprm[i]))
+    if plan.dcmotor_act.shape[0]:
+        # with a current state: K times the current; without: K / R times the voltage, minus the back-EMF
+        i = plan.dcmotor_act
+        resistance, k_motor, has_current = _dcmotor_constants(m)
+        dc_gain = torch.where(has_current > 0, k_motor, k_motor / resistance)
+        gain = gain.index_copy(0, i, dc_gain)
+        bias = bias.index_copy(0, i, (has_current - 1) * dc_gain * k_motor * velocity[i])
     return (gain * actuator_input(m, d, ctrl, act_dot) + bias) * plan.enabled
 
 
@@ -191,6 +209,14 @@ def actuation(m: Model, d: Data) -> Data:
             k = plan.act_muscle
             dynprm = m.actuator_dynprm[plan.act_actuator[k]]
             act_dot = act_dot.index_copy(0, k, muscle_dynamics(u[k], d.act[k], dynprm))
+        if plan.act_dcmotor.shape[0]:
+            k = plan.act_dcmotor
+            i = plan.act_actuator[k]
+            resistance, k_motor = m.actuator_gainprm[i, 0], m.actuator_gainprm[i, 1]
+            te, max_rate = torch.clamp(m.actuator_dynprm[i, 0], min=math.MINVAL), m.actuator_dynprm[i, 1]
+            rate = (u[k] / resistance - k_motor / resistance * d.actuator_velocity[i] - d.act[k]) / te
+            limited = torch.minimum(torch.maximum(rate, -max_rate), max_rate)
+            act_dot = act_dot.index_copy(0, k, torch.where(max_rate > 0, limited, rate))
 
     force = _gain_bias_force(m, d, ctrl, act_dot)
 
@@ -204,6 +230,12 @@ def actuation(m: Model, d: Data) -> Data:
 
     lo, hi = m.actuator_forcerange[:, 0], m.actuator_forcerange[:, 1]
     force = torch.where(plan.forcelimited, torch.minimum(torch.maximum(force, lo), hi), force)
+    if plan.dcmotor_act.shape[0]:
+        # cogging, after the clamps (MuJoCo adds the motor's mechanical forces last)
+        i = plan.dcmotor_act
+        amplitude, periods, phase = m.actuator_biasprm[i, 0], m.actuator_biasprm[i, 1], m.actuator_biasprm[i, 2]
+        cogging = amplitude * torch.sin(periods * d.actuator_length[i] + phase) * plan.enabled[i]
+        force = force.index_add(0, i, cogging)
 
     qfrc = force @ d.actuator_moment
     if plan.actgravcomp_dof.shape[0] and not m.opt.disabled(DisableBit.GRAVITY):
@@ -237,6 +269,18 @@ def actuator_force_vel(m: Model, d: Data) -> Tensor:
     bias_vel = plan.bias_affine * m.actuator_biasprm[:, 2]
     u = actuator_input(m, d, clamp_ctrl(m, d.ctrl), d.act_dot)
     deriv = (bias_vel + gain_vel * u) * plan.enabled
+    if plan.dcmotor_act.shape[0]:
+        # back-EMF -K^2 / R; with a current state, the share of it one step's exact integration passes, none
+        # while the current's rate is at its limit (as MuJoCo 4.0's mjd_actuator_vel: measured on implicit steps)
+        i = plan.dcmotor_act
+        resistance, k_motor, has_current = _dcmotor_constants(m)
+        te, max_rate = torch.clamp(m.actuator_dynprm[i, 0], min=math.MINVAL), m.actuator_dynprm[i, 1]
+        through_current = 1 - torch.exp(-m.opt.timestep / te)
+        if plan.act_dcmotor.shape[0]:
+            rate_limited = (max_rate > 0) & (d.act_dot[plan.act_index[i]].abs() >= max_rate)
+            through_current = torch.where(rate_limited, 0.0, through_current)
+        passed = torch.where(has_current > 0, through_current, 1.0)
+        deriv = deriv.index_copy(0, i, -k_motor * k_motor / resistance * passed * plan.enabled[i])
 
     def at_bound(x: Tensor, bounds: Tensor) -> Tensor:
         return (x <= bounds[..., 0]) | (x >= bounds[..., 1])

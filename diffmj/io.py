@@ -54,9 +54,11 @@ from diffmj.types import (
 )
 
 _SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE)
-_SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT, DynType.MUSCLE)
-_SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE, GainType.MUSCLE)
-_SUPPORTED_BIAS = (BiasType.NONE, BiasType.AFFINE, BiasType.MUSCLE)
+_SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT, DynType.MUSCLE,
+                  DynType.DCMOTOR)
+_SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE, GainType.MUSCLE, GainType.DCMOTOR)
+_SUPPORTED_BIAS = (BiasType.NONE, BiasType.AFFINE, BiasType.MUSCLE, BiasType.DCMOTOR)
+_VOLTAGE_INPUT = 8  # mjINPUT_VOLTAGE (mjtInput in mjtype.h; the Python bindings do not expose it)
 _SUPPORTED_EQ = (EqType.CONNECT, EqType.WELD, EqType.JOINT, EqType.TENDON)
 
 
@@ -138,6 +140,7 @@ def check_supported(mjm: mujoco.MjModel) -> None:
             _refuse(f"{aname}: transmission '{TrnType(trn).name.lower()}'")
         if trn == TrnType.SITE and mjm.actuator_trnid[i, 1] >= 0:
             _refuse(f"{aname}: site transmission with refsite")
+        _check_dcmotor(mjm, i, aname)
         if mjm.actuator_dyntype[i] not in _SUPPORTED_DYN:
             _refuse(f"{aname}: dynamics '{DynType(mjm.actuator_dyntype[i]).name.lower()}'")
         if mjm.actuator_gaintype[i] not in _SUPPORTED_GAIN:
@@ -152,6 +155,23 @@ def check_supported(mjm: mujoco.MjModel) -> None:
             _refuse(f"{aname}: more than one activation state")
         if mjm.actuator_plugin[i] >= 0:
             _refuse(f"{aname}: actuator plugin")
+
+
+def _check_dcmotor(mjm: mujoco.MjModel, i: int, aname: str) -> None:
+    """Refuse DC motors other than those driven by voltage, with or without a current state and cogging."""
+    dcmotor = (mjm.actuator_dyntype[i] == DynType.DCMOTOR, mjm.actuator_gaintype[i] == GainType.DCMOTOR,
+               mjm.actuator_biastype[i] == BiasType.DCMOTOR)
+    if not any(dcmotor):
+        return
+    if not all(dcmotor):
+        _refuse(f"{aname}: DC motor dynamics, gain or bias mixed with other types")
+    dynprm, gainprm = mjm.actuator_dynprm[i], mjm.actuator_gainprm[i]
+    if mjm.actuator_ctrlspec[i] != _VOLTAGE_INPUT or mjm.actuator_ctrlnum[i] != 1:
+        _refuse(f"{aname}: DC motor inputs other than one voltage (controller setpoints, passive)")
+    for value, feature in ((dynprm[7], "slew-rate limit"), (gainprm[5], "integral gain"),
+                           (dynprm[2], "thermal model"), (dynprm[5], "LuGre friction")):
+        if value > 0:
+            _refuse(f"{aname}: DC motor {feature}")
 
 
 def _check_sensors(mjm: mujoco.MjModel) -> None:

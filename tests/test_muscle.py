@@ -1,8 +1,8 @@
 """Muscles (mju_muscleGain, mju_muscleBias, mju_muscleDynamics) against MuJoCo C.
 
 The curves alone on arguments spread over every piece; the muscle zoo (tests/models/muscles.xml)
-through actuation, the transition Jacobians (mjd_transitionFD) and set_const's actuator_acc0; its
-batched, compiled and differentiated steps. Its rollouts under every integrator: test_forward.py.
+through actuation and set_const's actuator_acc0. Its rollouts under every integrator: test_forward.py;
+its transition Jacobians: test_grad.py; its batched, compiled and differentiated steps: test_actuation.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import diffmj
-from diffmj.actuation import actuation, actuator_force_vel, muscle_bias, muscle_dynamics, muscle_gain
+from diffmj.actuation import actuation, muscle_bias, muscle_dynamics, muscle_gain
 from tests.conftest import TOL, assert_close, check_stage, mj_model
 
 
@@ -82,25 +82,6 @@ def test_actuation_matches_mujoco(seed):
     check_stage(actuation, diffmj.put_model(mjm), mjd, ("act_dot", "actuator_force", "qfrc_actuator"))
 
 
-@pytest.mark.parametrize("integrator", ["euler", "implicit", "implicitfast"])
-def test_transition_jacobians_match_mujoco(integrator):
-    """Exact Jacobians against mjd_transitionFD (centred, eps 1e-6): within its truncation error."""
-    mjm = mj_model("muscles")
-    mjm.opt.integrator = diffmj.IntegratorType[integrator.upper()]
-    mjd = _muscle_state(mjm, 2)
-    mjd.ctrl[:] = np.clip(mjd.ctrl, 0.05, 0.95)  # away from the muscle's control clamp
-    mujoco.mj_forward(mjm, mjd)
-    m = diffmj.put_model(mjm)
-    A, B, _, _ = diffmj.grad.transition_jacobians(m, diffmj.put_data(m, mjd))
-    nx = 2 * mjm.nv + mjm.na
-    Am, Bm = np.zeros((nx, nx)), np.zeros((nx, mjm.nu))
-    mujoco.mjd_transitionFD(mjm, mjd, 1e-6, 1, Am, Bm, None, None)
-    assert np.abs(Bm[2 * mjm.nv :]).max() > 0.1  # the activations respond to the controls (dt / tau)
-    for label, ours, theirs in (("A", A, Am), ("B", B, Bm)):
-        err = np.abs(ours.numpy() - theirs).max() / max(1.0, np.abs(theirs).max())
-        assert err <= 1e-6, f"{label}: relative error {err:.2e} vs mjd_transitionFD"
-
-
 def test_set_const_recomputes_acc0_and_the_scaled_force():
     """force < 0 muscles peak at scale / acc0: a heavier arm changes acc0 and the force with it."""
     mjm = mj_model("muscles")
@@ -114,59 +95,3 @@ def test_set_const_recomputes_acc0_and_the_scaled_force():
     mujoco.mj_forward(mjm, mjd)
     out = diffmj.forward(heavier, diffmj.put_data(heavier, mjd))
     assert_close("actuator_force", out.actuator_force, mjd.actuator_force)
-
-
-def _batch(m: diffmj.Model, mjm: mujoco.MjModel, n: int) -> diffmj.Data:
-    states = [_muscle_state(mjm, 10 + k) for k in range(n)]
-    d = diffmj.make_data(m, (n,))
-    return d.replace(**{name: torch.as_tensor(np.stack([getattr(s, name) for s in states]), dtype=m.dtype)
-                        for name in ("qpos", "qvel", "ctrl", "act")})
-
-
-def test_vmap_equals_loop_and_gradients_are_finite():
-    mjm = mj_model("muscles")
-    mjm.opt.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST
-    m = diffmj.put_model(mjm)
-    d = _batch(m, mjm, 8)
-    params = {name: getattr(m, name).clone().requires_grad_(True)
-              for name in ("actuator_gainprm", "actuator_biasprm", "actuator_dynprm", "actuator_lengthrange",
-                           "actuator_acc0")}
-    ctrl = d.ctrl.clone().requires_grad_(True)
-    out = diffmj.step(m.replace(**params), d.replace(ctrl=ctrl))
-    for k in range(d.qpos.shape[0]):
-        one = diffmj.step(m, d[k])
-        for name in ("qpos", "qvel", "act"):
-            assert_close(f"{k} {name}", getattr(out, name)[k], getattr(one, name), TOL["batch"])
-    loss = (out.qvel**2).sum() + (out.act**2).sum()
-    grads = torch.autograd.grad(loss, [ctrl, *params.values()])
-    for name, g in zip(["ctrl", *params], grads):
-        assert torch.isfinite(g).all(), name
-    assert grads[0].abs().max() > 0 and grads[-1].abs().max() > 0
-
-
-def test_compiled_actuation_equals_eager():
-    """The muscle stage and its velocity derivative compiled (fullgraph, vmapped); the whole step: slow test."""
-    mjm = mj_model("muscles")
-    m = diffmj.put_model(mjm)
-    d = torch.vmap(diffmj.forward, in_dims=(None, 0))(m, _batch(m, mjm, 4))
-
-    def stage(m, d):
-        out = actuation(m, d)
-        return out.act_dot, out.actuator_force, out.qfrc_actuator, actuator_force_vel(m, out)
-
-    compiled = torch.compile(torch.vmap(stage, in_dims=(None, 0)), fullgraph=True)(m, d)
-    eager = torch.vmap(stage, in_dims=(None, 0))(m, d)
-    for name, a, b in zip(("act_dot", "actuator_force", "qfrc_actuator", "force_vel"), compiled, eager):
-        assert_close(name, a, b, TOL["compiled"])
-
-
-@pytest.mark.slow
-def test_compiled_step_equals_eager():
-    mjm = mj_model("muscles")
-    mjm.opt.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST
-    m = diffmj.put_model(mjm)
-    d = _batch(m, mjm, 4)
-    step = torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True)
-    compiled, eager = step(m, d), diffmj.step(m, d)
-    for name in ("qpos", "qvel", "act", "actuator_force"):
-        assert_close(name, getattr(compiled, name), getattr(eager, name), TOL["compiled"])
