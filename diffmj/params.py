@@ -16,7 +16,7 @@ Python bindings.
 ``set_param`` returns the model MuJoCo would simulate for the new value: when the parameter feeds
 one of the constants MuJoCo derives at compile time (``diffmj.setconst.SET_CONST_INPUTS``: masses,
 inertias, armature, body / joint geometry, qpos0, tendon coefficients, connect anchors, geom
-sizes), it recomputes them with ``diffmj.set_const``, as a MuJoCo user calls ``mj_setConst``
+sizes, site frames, actuator gears), it recomputes them with ``diffmj.set_const``, as a MuJoCo user calls ``mj_setConst``
 after changing an ``mjModel`` field. ``Model.replace`` is a raw field replace that does not.
 """
 
