@@ -167,11 +167,12 @@ def _gain_bias_force(m: Model, d: Data, ctrl: Tensor, act_dot: Tensor) -> Tensor
     bias = plan.bias_affine * (bias[:, 0] + bias[:, 1] * length + bias[:, 2] * velocity)
     if plan.gain_muscle_act.shape[0]:
         i = plan.gain_muscle_act
-        muscle = muscle_gain(length[i], velocity[i], m.actuator_lengthrange[i], m.actuator_acc0[i], m.actuator_gainprm[i])
-        gain = gain.index_copy(0, i, muscle)
+        lengthrange, acc0 = m.actuator_lengthrange[i], m.actuator_acc0[i]
+        gain = gain.index_copy(0, i, muscle_gain(length[i], velocity[i], lengthrange, acc0, m.actuator_gainprm[i]))
     if plan.bias_muscle_act.shape[0]:
         i = plan.bias_muscle_act
-        bias = bias.index_copy(0, i, muscle_bias(length[i], m.actuator_lengthrange[i], m.actuator_acc0[i], m.actuator_biasprm[i]))
+        lengthrange, acc0 = m.actuator_lengthrange[i], m.actuator_acc0[i]
+        bias = bias.index_copy(0, i, muscle_bias(length[i], lengthrange, acc0, m.actuator_biasprm[i]))
     if plan.dcmotor_act.shape[0]:
         # with a current state: K times the current; without: K / R times the voltage, minus the back-EMF
         i = plan.dcmotor_act

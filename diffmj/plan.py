@@ -78,7 +78,7 @@ class ActuatorPlan(PyTreeNode):
     act_actuator: Tensor  # [na] actuator owning each activation
     act_integrator: Tensor  # [na] 1 for integrator dynamics
     act_filter: Tensor  # [na] 1 for filter and filterexact dynamics
-    act_filterexact: Tensor  # [na] 1 where integrated exactly with time constant dynprm[0]: filterexact, DC motor current
+    act_filterexact: Tensor  # [na] 1 where integrated exactly with time constant dynprm[0] (also DC motor currents)
     act_limited: Tensor  # [na] bool (never for DC motors: MuJoCo does not clamp their states)
     act_muscle: Tensor  # [k] activations with muscle dynamics
     gain_muscle_act: Tensor  # [k] actuators with muscle gain

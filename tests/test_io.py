@@ -105,9 +105,10 @@ ASSET = {"mesh pair": '<asset><mesh name="tetra" vertex="0 0 0 .1 0 0 0 .1 0 0 0
 EXTRA = {
     "sensors": '<sensor><user name="u" dim="1"/></sensor>',
     "user dynamics": '<actuator><general joint="j" dyntype="user"/></actuator>',
-    "dcmotor thermal": '<actuator><dcmotor joint="j" motorconst=".05" resistance="2" thermal="1 10 25 .004 25"/></actuator>',
-    "dcmotor controller": '<actuator><dcmotor joint="j" motorconst=".05" resistance="2" input="pos" controller="10 0 1"/>'
-    '</actuator>',
+    "dcmotor thermal": '<actuator><dcmotor joint="j" motorconst=".05" resistance="2" thermal="1 10 25 .004 25"/>'
+    "</actuator>",
+    "dcmotor controller": '<actuator><dcmotor joint="j" motorconst=".05" resistance="2" input="pos" '
+    'controller="10 0 1"/></actuator>',
 }
 OPTION = {
     "fluid": '<option density="1.2"/>',
