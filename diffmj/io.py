@@ -8,6 +8,7 @@ element, so no model runs with silently different physics.
 from __future__ import annotations
 
 import os
+import warnings
 
 import mujoco
 import numpy as np
@@ -53,9 +54,11 @@ from diffmj.types import (
 )
 
 _SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE)
-_SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT)
-_SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE)
-_SUPPORTED_BIAS = (BiasType.NONE, BiasType.AFFINE)
+_SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT, DynType.MUSCLE,
+                  DynType.DCMOTOR)
+_SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE, GainType.MUSCLE, GainType.DCMOTOR)
+_SUPPORTED_BIAS = (BiasType.NONE, BiasType.AFFINE, BiasType.MUSCLE, BiasType.DCMOTOR)
+_VOLTAGE_INPUT = 8  # mjINPUT_VOLTAGE (mjtInput in mjtype.h; the Python bindings do not expose it)
 _SUPPORTED_EQ = (EqType.CONNECT, EqType.WELD, EqType.JOINT, EqType.TENDON)
 
 
@@ -90,8 +93,6 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         if count:
             _refuse(feature)
     _check_sensors(mjm)
-    if opt.solver not in SUPPORTED_SOLVERS:
-        _refuse(f"option solver '{SolverType(opt.solver).name}' (use Newton or CG)")
     for flag, name in ((EnableBit.DIAGEXACT, "diagexact"), (EnableBit.SPECULATIVE, "speculative")):
         if opt.enableflags & flag:
             _refuse(f"option flag '{name}'")
@@ -139,6 +140,7 @@ def check_supported(mjm: mujoco.MjModel) -> None:
             _refuse(f"{aname}: transmission '{TrnType(trn).name.lower()}'")
         if trn == TrnType.SITE and mjm.actuator_trnid[i, 1] >= 0:
             _refuse(f"{aname}: site transmission with refsite")
+        _check_dcmotor(mjm, i, aname)
         if mjm.actuator_dyntype[i] not in _SUPPORTED_DYN:
             _refuse(f"{aname}: dynamics '{DynType(mjm.actuator_dyntype[i]).name.lower()}'")
         if mjm.actuator_gaintype[i] not in _SUPPORTED_GAIN:
@@ -153,6 +155,23 @@ def check_supported(mjm: mujoco.MjModel) -> None:
             _refuse(f"{aname}: more than one activation state")
         if mjm.actuator_plugin[i] >= 0:
             _refuse(f"{aname}: actuator plugin")
+
+
+def _check_dcmotor(mjm: mujoco.MjModel, i: int, aname: str) -> None:
+    """Refuse DC motors other than those driven by voltage, with or without a current state and cogging."""
+    dcmotor = (mjm.actuator_dyntype[i] == DynType.DCMOTOR, mjm.actuator_gaintype[i] == GainType.DCMOTOR,
+               mjm.actuator_biastype[i] == BiasType.DCMOTOR)
+    if not any(dcmotor):
+        return
+    if not all(dcmotor):
+        _refuse(f"{aname}: DC motor dynamics, gain or bias mixed with other types")
+    dynprm, gainprm = mjm.actuator_dynprm[i], mjm.actuator_gainprm[i]
+    if mjm.actuator_ctrlspec[i] != _VOLTAGE_INPUT or mjm.actuator_ctrlnum[i] != 1:
+        _refuse(f"{aname}: DC motor inputs other than one voltage (controller setpoints, passive)")
+    for value, feature in ((dynprm[7], "slew-rate limit"), (gainprm[5], "integral gain"),
+                           (dynprm[2], "thermal model"), (dynprm[5], "LuGre friction")):
+        if value > 0:
+            _refuse(f"{aname}: DC motor {feature}")
 
 
 def _check_sensors(mjm: mujoco.MjModel) -> None:
@@ -171,6 +190,19 @@ def _check_sensors(mjm: mujoco.MjModel) -> None:
                 if mjm.geom_type[g] not in RAY_PRIMITIVES:
                     gname = _name(mjm, ObjType.GEOM, g)
                     _refuse(f"{sname}: rangefinder ray against {GeomType(mjm.geom_type[g]).name.lower()} geom {gname}")
+
+
+def _solver(solver: SolverType) -> SolverType:
+    """The model's solver; PGS models are solved by Newton, with a warning (the same optimum)."""
+    if solver in SUPPORTED_SOLVERS:
+        return solver
+    warnings.warn(
+        f"the model asks for the {solver.name} solver, which diffmj does not implement: it is solved by "
+        "Newton instead. MuJoCo's solvers minimise the same convex problem, whose optimum is unique: "
+        "qacc and efc_force agree with a PGS solve to within about the square root of its tolerance.",
+        stacklevel=3,
+    )
+    return SolverType.NEWTON
 
 
 def _tuple(x) -> tuple[int, ...]:
@@ -216,7 +248,7 @@ def put_model(
         magnetic=t(o.magnetic),
         integrator=IntegratorType(o.integrator),
         cone=ConeType(o.cone),
-        solver=SolverType(o.solver),
+        solver=_solver(SolverType(o.solver)),
         iterations=int(o.iterations),
         ls_iterations=int(o.ls_iterations),
         disableflags=int(o.disableflags),

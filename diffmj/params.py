@@ -14,10 +14,11 @@ joint's qpos entries, [nqpos]), as ``mjModel.joint(name)`` does in MuJoCo's
 Python bindings.
 
 ``set_param`` returns the model MuJoCo would simulate for the new value: when the parameter feeds
-one of the constants MuJoCo derives at compile time (``diffmj.setconst.SET_CONST_INPUTS``: masses,
-inertias, armature, body / joint geometry, qpos0, tendon coefficients, connect anchors, geom
-sizes), it recomputes them with ``diffmj.set_const``, as a MuJoCo user calls ``mj_setConst``
-after changing an ``mjModel`` field. ``Model.replace`` is a raw field replace that does not.
+one of the constants MuJoCo derives at compile time (``diffmj.setconst.SET_CONST_INPUTS``:
+masses, inertias, armature, body / joint geometry, qpos0, tendon coefficients, connect anchors,
+geom sizes, site frames, actuator gears), it recomputes them with ``diffmj.set_const``, as a
+MuJoCo user calls ``mj_setConst`` after changing an ``mjModel`` field. ``Model.replace`` is a raw
+field replace that does not.
 """
 
 from __future__ import annotations

@@ -78,8 +78,13 @@ class ActuatorPlan(PyTreeNode):
     act_actuator: Tensor  # [na] actuator owning each activation
     act_integrator: Tensor  # [na] 1 for integrator dynamics
     act_filter: Tensor  # [na] 1 for filter and filterexact dynamics
-    act_filterexact: Tensor  # [na] 1 for filterexact dynamics
-    act_limited: Tensor  # [na] bool
+    act_filterexact: Tensor  # [na] 1 where integrated exactly with time constant dynprm[0] (also DC motor currents)
+    act_limited: Tensor  # [na] bool (never for DC motors: MuJoCo does not clamp their states)
+    act_muscle: Tensor  # [k] activations with muscle dynamics
+    gain_muscle_act: Tensor  # [k] actuators with muscle gain
+    bias_muscle_act: Tensor  # [k] actuators with muscle bias
+    dcmotor_act: Tensor  # [k] DC motors (dynamics, gain and bias DC motor; voltage input, at most a current state)
+    act_dcmotor: Tensor  # [k] their current states
     tendon_frclimited_act: Tensor  # actuators on force-limited tendons
     tendon_frclimited_id: Tensor  # their tendon
     jnt_frclimited_dofadr: Tensor  # first dof of each joint with actuatorfrcrange
@@ -173,8 +178,14 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
         act_actuator=_long(act_actuator, device),
         act_integrator=f(dyn == DynType.INTEGRATOR),
         act_filter=f((dyn == DynType.FILTER) | (dyn == DynType.FILTEREXACT)),
-        act_filterexact=f(dyn == DynType.FILTEREXACT),
-        act_limited=torch.as_tensor(mjm.actuator_actlimited[act_actuator].astype(bool), device=device),
+        act_filterexact=f((dyn == DynType.FILTEREXACT) | (dyn == DynType.DCMOTOR)),
+        act_limited=torch.as_tensor(mjm.actuator_actlimited[act_actuator].astype(bool) & (dyn != DynType.DCMOTOR),
+                                    device=device),
+        act_muscle=_long(np.flatnonzero(dyn == DynType.MUSCLE), device),
+        gain_muscle_act=_long(np.flatnonzero(mjm.actuator_gaintype == GainType.MUSCLE), device),
+        bias_muscle_act=_long(np.flatnonzero(mjm.actuator_biastype == BiasType.MUSCLE), device),
+        dcmotor_act=_long(np.flatnonzero(mjm.actuator_dyntype == DynType.DCMOTOR), device),
+        act_dcmotor=_long(np.flatnonzero(dyn == DynType.DCMOTOR), device),
         tendon_frclimited_act=_long(limited_tendon_acts, device),
         tendon_frclimited_id=_long(trnid[limited_tendon_acts], device),
         jnt_frclimited_dofadr=_long(mjm.jnt_dofadr[limited_jnts], device),

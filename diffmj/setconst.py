@@ -17,6 +17,8 @@ field                  value (at qpos0: kinematics, M and its factor there)     
 ``tendon_invweight0``  ten_J M^-1 ten_J'                                              tendon friction, limits,
 [ntendon]                                                                             tendon equalities
 ``tendon_length0``     ten_length                                                     tendon equalities
+``actuator_acc0``      norm of M^-1 moment' of each actuator's moment row             muscles with force < 0
+[nu]
 ``eq_data`` [neq, 11]  connect equalities: columns 3:6 = the anchor (columns 0:3, in   connect rows
                        body1's frame) in body2's frame; other rows unchanged
 ``geom_rbound``        bounding radius of the geom from ``geom_size``                 (nothing in diffmj)
@@ -41,7 +43,7 @@ from torch import Tensor
 
 from diffmj import math
 from diffmj.io import make_data
-from diffmj.smooth import com_pos, crb, factor_m, jac, kinematics, solve_m, tendon
+from diffmj.smooth import com_pos, crb, factor_m, jac, kinematics, solve_m, tendon, transmission
 from diffmj.types import Data, EqType, GeomType, JointType, Model
 
 # the parameters (Model fields) the constants above are computed from: MuJoCo 4.0's
@@ -49,6 +51,7 @@ from diffmj.types import Data, EqType, GeomType, JointType, Model
 SET_CONST_INPUTS = frozenset({
     "qpos0", "body_pos", "body_quat", "body_ipos", "body_iquat", "body_mass", "body_inertia",
     "jnt_pos", "jnt_axis", "dof_armature", "tendon_armature", "wrap_prm", "eq_data", "geom_size",
+    "site_pos", "site_quat", "actuator_gear",
 })
 
 SIMPLE_SLIDING = 2  # body_simple: diagonal mass matrix and slide joints only
@@ -68,15 +71,16 @@ def set_const(m: Model) -> Model:
         dof_invweight0=_dof_invweight0(m, inv_m),
         tendon_invweight0=torch.einsum("tv,vw,tw->t", d.ten_J, inv_m, d.ten_J),
         tendon_length0=d.ten_length,
+        actuator_acc0=math.safe_norm(d.actuator_moment @ inv_m),
         eq_data=_connect_anchors(m, d),
         geom_rbound=_geom_rbound(m),
     )
 
 
 def _at_qpos0(m: Model) -> Data:
-    """Frames, com quantities, tendons, M and its factor at qpos0 (mj_setConst's set0)."""
+    """Frames, com quantities, tendons, transmissions, M and its factor at qpos0 (mj_setConst's set0)."""
     d = make_data(m)
-    for stage in (kinematics, com_pos, tendon, crb, factor_m):
+    for stage in (kinematics, com_pos, tendon, transmission, crb, factor_m):
         d = stage(m, d)
     return d
 

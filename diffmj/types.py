@@ -136,7 +136,10 @@ def check_option_change(old: Option, new: Option) -> None:
     if new.integrator not in SUPPORTED_INTEGRATORS:
         raise ValueError(f"opt.integrator {new.integrator!r} is not supported by diffmj")
     if new.solver not in SUPPORTED_SOLVERS:
-        raise ValueError(f"opt.solver {new.solver!r} is not supported by diffmj (use Newton or CG)")
+        raise ValueError(
+            f"opt.solver {new.solver!r} is not supported by diffmj: use Newton or CG (put_model solves a model "
+            "that asks for PGS with Newton)"
+        )
     if new.iterations < 0 or new.ls_iterations < 0:
         raise ValueError("opt.iterations and opt.ls_iterations must not be negative")
 
@@ -317,6 +320,8 @@ class Model(PyTreeNode):
     actuator_ctrlrange: Tensor  # [nu, 2]
     actuator_forcerange: Tensor  # [nu, 2]
     actuator_actrange: Tensor  # [nu, 2]
+    actuator_acc0: Tensor  # [nu] norm of M^-1 moment' at qpos0 (mj_setConst): scales muscles with force < 0
+    actuator_lengthrange: Tensor  # [nu, 2] the compiler's feasible length range: muscles' normalised length
 
     # ---- sensors (m.sensor_plan groups them by type)
     sensor_type: tuple[int, ...] = static_field()

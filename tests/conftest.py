@@ -69,6 +69,11 @@ ARM_ON_BOX = """
       </worldbody><actuator><motor joint="j"/></actuator></mujoco>"""
 
 
+# the actuator test models and the scale of random_state's controls for each (DC motors take volts:
+# at 10 their currents reach their rate limit)
+ACTUATOR_MODELS = {"actuators": 1.0, "muscles": 1.0, "dcmotors": 10.0}
+
+
 def mj_model(name: str) -> mujoco.MjModel:
     """A test model from tests/models (name without .xml)."""
     return mujoco.MjModel.from_xml_path(str(MODELS / f"{name}.xml"))

@@ -9,7 +9,9 @@ hinge with random axes, anchors, refs, springs, dampers, armature and
 actuator options), geoms of every primitive type with collisions off,
 sites, mocap bodies (some carrying moving subtrees), gravity compensation,
 fixed tendons over hinge / slide joints, and actuators of every supported
-transmission, dynamics, gain and bias type with random clamps. The option
+transmission, dynamics, gain and bias type with random clamps, muscles among
+them (drawn from a stream of their own, so the other elements of a seed's
+model do not depend on them). The option
 block draws the integrator, timestep, gravity and, sometimes, disable
 flags and disabled actuator groups.
 
@@ -254,6 +256,7 @@ class _Builder:
     def __init__(self, seed: int, max_bodies: int, max_depth: int, max_tendons: int, max_actuators: int,
                  integrator: str | None, disable_flags: bool):
         self.rng = np.random.default_rng(seed)
+        self.muscle_rng = np.random.default_rng([seed, 2])
         self.seed = seed
         self.max_bodies = max_bodies
         self.max_depth = max_depth
@@ -415,6 +418,35 @@ class _Builder:
         attrs.append(f'group="{rng.integers(0, 4)}"')
         return f'<general {" ".join(attrs)}/>'
 
+    def _muscle(self, index: int) -> str:
+        """A muscle on a hinge / slide joint or a tendon: MuJoCo's muscle dynamics, gain and bias (or some
+        of them beside other types), a given lengthrange (the compiler's own is a slow simulation)."""
+        rng = self.muscle_rng
+        scalar = [j.name for j in self.joints if j.type in ("hinge", "slide")]
+        targets = [f'joint="{j}"' for j in scalar] + [f'jointinparent="{j}"' for j in scalar]
+        targets += [f'tendon="{t}"' for t in self.tendons]
+        lo = rng.uniform(0.5, 0.9)
+        prm = (lo, lo + rng.uniform(0.2, 0.5), -1.0 if rng.random() < 0.5 else rng.uniform(1.0, 20.0),
+               rng.uniform(50.0, 300.0), rng.uniform(0.3, 0.7), rng.uniform(1.3, 1.8), rng.uniform(0.5, 3.0),
+               rng.uniform(0.5, 2.0), rng.uniform(1.1, 1.8))
+        dynprm = (rng.uniform(0.005, 0.03), rng.uniform(0.02, 0.08), rng.choice([0.0, rng.uniform(0.05, 0.3)]))
+        dyn = rng.choice(["muscle", "muscle", "none", "filterexact"])
+        lengthrange = np.sort(rng.uniform(-1.0, 1.0, 2)) + (-0.1, 0.1)
+        attrs = [f'name="m{index}"', targets[rng.integers(len(targets))], f'gear="{rng.uniform(0.5, 2.0):.6g}"',
+                 f'lengthrange="{_fmt(lengthrange)}"', f'dyntype="{dyn}"', f'dynprm="{_fmt(dynprm)}"',
+                 f'gaintype="muscle" gainprm="{_fmt(prm)}"']
+        if rng.random() < 0.7:
+            attrs.append(f'biastype="muscle" biasprm="{_fmt(prm)}"')
+        if dyn != "none" and rng.random() < 0.3:
+            attrs.append('actearly="true"')
+        if dyn != "none" and rng.random() < 0.3:
+            attrs.append('actrange="0 1"')
+        if rng.random() < 0.5:
+            attrs.append('ctrlrange="0 1"')
+        if rng.random() < 0.3:
+            attrs.append(f'forcerange="{-rng.uniform(1.0, 20.0):.6g} 0"')
+        return f'<general {" ".join(attrs)}/>'
+
     # ---- hooks: the contact-free model's choices; _ContactBuilder overrides them
     def _body_pos(self, top_level: bool) -> np.ndarray:
         return self.rng.uniform(-0.3, 0.3, 3)
@@ -477,6 +509,8 @@ class _Builder:
                 self.tendons.append(f"t{t}")
         tendons = [self._tendon(t) for t in range(len(self.tendons))]
         actuators = [self._actuator(i) for i in range(rng.integers(0, self.max_actuators + 1))]
+        if self.max_actuators and (self.tendons or any(j.type in ("hinge", "slide") for j in self.joints)):
+            actuators += [self._muscle(i) for i in range(self.muscle_rng.integers(0, 3))]
 
         lines = [
             f'<mujoco model="{self.model_name}_{self.seed}">',

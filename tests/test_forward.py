@@ -12,7 +12,7 @@ import torch
 import diffmj
 from diffmj.actuation import actuation
 from diffmj.forward import fwd_acceleration, fwd_constraint, fwd_position, fwd_velocity
-from tests.conftest import TOL, assert_close, check_stage, mj_model, random_state
+from tests.conftest import ACTUATOR_MODELS, TOL, assert_close, check_stage, mj_model, random_state
 from tests.test_smooth import KINEMATICS
 
 INTEGRATORS = {name: diffmj.IntegratorType[name.upper()] for name in ("euler", "rk4", "implicit", "implicitfast")}
@@ -57,12 +57,16 @@ def test_step(smooth_model, integrator, seed):
         assert_close(name, getattr(out, name), getattr(mjd, name), empty_ok=True)  # the chain has no actuators
 
 
+@pytest.mark.parametrize("model", ACTUATOR_MODELS)
 @pytest.mark.parametrize("integrator", INTEGRATORS)
-def test_rollout_matches(integrator):
-    mjm = mj_model("actuators")
+def test_rollout_matches(integrator, model):
+    """25 steps; the implicit integrators differentiate the actuator forces (affine, muscle, DC motor) in the
+    velocity."""
+    mjm = mj_model(model)
     mjm.opt.integrator = INTEGRATORS[integrator]
     m = diffmj.put_model(mjm)
     mjd = random_state(mjm, 7)
+    mjd.ctrl[:] *= ACTUATOR_MODELS[model]
     d = diffmj.put_data(m, mjd)
     for _ in range(25):
         mujoco.mj_step(mjm, mjd)

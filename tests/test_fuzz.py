@@ -15,7 +15,7 @@ import torch
 import diffmj
 from tests.conftest import BENCHMARK_MODELS, mj_model, settled_state
 
-MODELS = ["humanoid", "ant", "walker2d", "halfcheetah", "hopper", "contacts"]
+MODELS = ["humanoid", "ant", "walker2d", "halfcheetah", "hopper", "contacts", "muscles", "dcmotors"]
 
 
 def _load(name: str) -> mujoco.MjModel:

@@ -95,19 +95,23 @@ REFUSED = {
     '<body pos="1 0 0"><freejoint/><geom name="b" type="mesh" mesh="tetra"/></body>',
     "multiccd": CONVEX_PAIR,
     "nativeccd": CONVEX_PAIR,
-    "pgs": '<body><joint name="j"/><geom size=".1"/></body>',
     "sensors": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
-    "muscle": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
+    "user dynamics": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
+    "dcmotor thermal": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
+    "dcmotor controller": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
     "fluid": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
 }
 ASSET = {"mesh pair": '<asset><mesh name="tetra" vertex="0 0 0 .1 0 0 0 .1 0 0 0 .1"/></asset>'}
 EXTRA = {
     "sensors": '<sensor><user name="u" dim="1"/></sensor>',
-    "muscle": '<actuator><muscle joint="j" lengthrange="-1 1"/></actuator>',
+    "user dynamics": '<actuator><general joint="j" dyntype="user"/></actuator>',
+    "dcmotor thermal": '<actuator><dcmotor joint="j" motorconst=".05" resistance="2" thermal="1 10 25 .004 25"/>'
+    "</actuator>",
+    "dcmotor controller": '<actuator><dcmotor joint="j" motorconst=".05" resistance="2" input="pos" '
+    'controller="10 0 1"/></actuator>',
 }
 OPTION = {
     "fluid": '<option density="1.2"/>',
-    "pgs": '<option solver="PGS"/>',
     "multiccd": '<option><flag multiccd="disable"/></option>',
     "nativeccd": '<option><flag nativeccd="disable"/></option>',
 }
@@ -115,9 +119,10 @@ MESSAGE = {
     "mesh pair": "geom pair 'a' \\(capsule\\) - 'b' \\(mesh\\): collision",
     "multiccd": "flag 'multiccd' disabled for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
     "nativeccd": "flag 'nativeccd' disabled \\(libccd\\) for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
-    "pgs": "solver 'PGS'",
     "sensors": "sensor 'u': type 'user'",
-    "muscle": "actuator #0: dynamics 'muscle'",
+    "user dynamics": "actuator #0: dynamics 'user'",
+    "dcmotor thermal": "actuator #0: DC motor thermal model",
+    "dcmotor controller": "actuator #0: DC motor inputs other than one voltage",
     "fluid": "fluid forces",
 }
 

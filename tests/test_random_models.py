@@ -214,9 +214,10 @@ def test_default_seeds_cover_every_supported_feature():
     expected |= {("depth", 5)}
     expected |= {("transmission", trn, jnt) for trn in JOINT_TRANSMISSIONS for jnt in JointType}
     expected |= {("transmission", TrnType.TENDON, None), ("transmission", TrnType.SITE, None)}
-    expected |= {("dynamics", i) for i in (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT)}
-    expected |= {("gain", i) for i in (GainType.FIXED, GainType.AFFINE)}
-    expected |= {("bias", i) for i in (BiasType.NONE, BiasType.AFFINE)}
+    expected |= {("dynamics", i) for i in (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT,
+                                           DynType.MUSCLE)}
+    expected |= {("gain", i) for i in (GainType.FIXED, GainType.AFFINE, GainType.MUSCLE)}
+    expected |= {("bias", i) for i in (BiasType.NONE, BiasType.AFFINE, BiasType.MUSCLE)}
     expected |= {("ctrllimited",), ("forcelimited",), ("actlimited",), ("actearly",)}
     expected |= {
         (name,) for name in (

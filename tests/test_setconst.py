@@ -19,7 +19,8 @@ from diffmj.optim import sysid
 from diffmj.setconst import SET_CONST_INPUTS
 from tests.conftest import BENCHMARK_MODELS, MODELS, TOL, assert_close, compare_rows, settled_state
 
-DERIVED = ("body_invweight0", "dof_invweight0", "tendon_invweight0", "tendon_length0", "eq_data", "geom_rbound")
+DERIVED = ("body_invweight0", "dof_invweight0", "tendon_invweight0", "tendon_length0", "eq_data", "geom_rbound",
+           "actuator_acc0")
 MODEL_PATHS = sorted(MODELS.glob("*.xml")) + sorted(BENCHMARK_MODELS.glob("*.xml"))
 
 
@@ -47,6 +48,9 @@ def perturb(mjm: mujoco.MjModel, seed: int) -> None:
     mjm.tendon_armature[:] += rng.uniform(0, 0.05, mjm.ntendon)
     mjm.wrap_prm[:] *= rng.uniform(0.5, 1.5, mjm.nwrap)
     mjm.geom_size[:] *= rng.uniform(0.8, 1.2, mjm.geom_size.shape)
+    mjm.site_pos[:] += 0.02 * rng.standard_normal(mjm.site_pos.shape)
+    mjm.site_quat[:] = _normalized(mjm.site_quat + 0.1 * rng.standard_normal(mjm.site_quat.shape))
+    mjm.actuator_gear[:] *= rng.uniform(0.5, 1.5, (mjm.nu, 1))
     for j, jtype in enumerate(mjm.jnt_type):
         adr = mjm.jnt_qposadr[j]
         if jtype == mujoco.mjtJoint.mjJNT_FREE:
@@ -72,7 +76,7 @@ def test_set_const_equals_mj_setconst_after_parameters_change(path):
     mj_set_const(mjm)
     new = diffmj.set_const(m)
     has = {"tendon_invweight0": mjm.ntendon, "tendon_length0": mjm.ntendon,
-           "eq_data": np.any(mjm.eq_type == mujoco.mjtEq.mjEQ_CONNECT)}
+           "eq_data": np.any(mjm.eq_type == mujoco.mjtEq.mjEQ_CONNECT), "actuator_acc0": mjm.nu}
     for field in DERIVED:
         expected = getattr(mjm, field).reshape(getattr(m, field).shape)
         # the constants changed (the comparison means something), where the model has them

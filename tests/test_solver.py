@@ -271,3 +271,36 @@ def test_fixed_iteration_count_mode(monkeypatch):
         for name in ("qpos", "qvel", "qacc", "efc_force"):
             assert torch.equal(getattr(out, name), getattr(expected, name)), name
     assert torch.ops.higher_order.scan in ops and torch.ops.higher_order.while_loop not in ops
+
+
+@pytest.mark.parametrize("tolerance", [1e-8, 1e-14])
+@pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
+def test_pgs_model_is_solved_by_newton_to_the_pgs_optimum(cone, tolerance):
+    """A model asking for PGS loads with a warning and is solved by Newton, to MuJoCo's PGS answer.
+
+    The three solvers minimise one convex problem whose optimum is unique (M > 0 in the primal, R > 0
+    in the dual). MuJoCo's PGS stops once an iteration lowers its scaled cost by less than ``tolerance``;
+    the cost is quadratic about the optimum, so PGS's qacc and forces are off by about sqrt(tolerance),
+    relative, and no closer. Measured on these states from zero forces, at tolerances 1e-6 to 1e-14:
+    qacc 0.05 to 2.5 sqrt(tolerance), efc_force 0.1 to 13.6 (the forces' directions of smallest
+    curvature, A + R's smallest eigenvalues, converge slowest). MuJoCo's PGS labels elliptic rows
+    differently (efc_state), which is not compared.
+    """
+    mjm = converged(mj_model("contacts"), cone)
+    mjm.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_WARMSTART  # PGS's own stopping test decides
+    states = [settled_state(mjm, steps) for steps in (100, 250, 400)]
+    mjm.opt.solver, mjm.opt.iterations, mjm.opt.tolerance = mujoco.mjtSolver.mjSOL_PGS, 10000, tolerance
+    with pytest.warns(UserWarning, match="asks for the PGS solver.*solved by Newton"):
+        m = diffmj.put_model(mjm)
+    assert m.opt.solver == diffmj.SolverType.NEWTON
+    for mjd in states:
+        out = diffmj.forward(m, diffmj.put_data(m, mjd))
+        mujoco.mj_forward(mjm, mjd)
+        assert mjd.ncon > 0 and mjd.solver_niter[0] < mjm.opt.iterations, "PGS stopped by its tolerance"
+        qacc_err = np.abs(as_numpy(out.qacc) - mjd.qacc).max() / max(1.0, np.abs(mjd.qacc).max())
+        ours, theirs = match_efc(m, out, mjd)
+        force_err = np.abs(as_numpy(out.efc_force)[ours] - mjd.efc_force[theirs]).max() / max(
+            1.0, np.abs(mjd.efc_force).max()
+        )
+        assert qacc_err <= 5 * np.sqrt(tolerance), f"qacc relative error {qacc_err:.2e}"
+        assert force_err <= 30 * np.sqrt(tolerance), f"efc_force relative error {force_err:.2e}"
