@@ -98,7 +98,6 @@ REFUSED = {
     "pgs": '<body><joint name="j"/><geom size=".1"/></body>',
     "sensors": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
     "muscle": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
-    "fluid": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
 }
 ASSET = {"mesh pair": '<asset><mesh name="tetra" vertex="0 0 0 .1 0 0 0 .1 0 0 0 .1"/></asset>'}
 EXTRA = {
@@ -106,7 +105,6 @@ EXTRA = {
     "muscle": '<actuator><muscle joint="j" lengthrange="-1 1"/></actuator>',
 }
 OPTION = {
-    "fluid": '<option density="1.2"/>',
     "pgs": '<option solver="PGS"/>',
     "multiccd": '<option><flag multiccd="disable"/></option>',
     "nativeccd": '<option><flag nativeccd="disable"/></option>',
@@ -118,7 +116,6 @@ MESSAGE = {
     "pgs": "solver 'PGS'",
     "sensors": "sensor 'u': type 'user'",
     "muscle": "actuator #0: dynamics 'muscle'",
-    "fluid": "fluid forces",
 }
 
 
