@@ -138,6 +138,9 @@ def _ellipsoid_local_force(
 def _fluid_elements(m: Model, d: Data) -> tuple[Tensor, Tensor, tuple]:
     """What each fluid element (box bodies, then ellipsoid geoms) needs.
 
+    Products with qvel and wrenches are plain reductions, not contractions: vmapped, they sum
+    in the same order as alone (a batched step equals each element's bit for bit).
+
     Returns its Jacobian in its own frame [n, 6, nv] (angular rows, then linear), its velocity
     relative to the wind in that frame [n, 6], and the (force function, its arguments) of
     each model.
@@ -149,7 +152,7 @@ def _fluid_elements(m: Model, d: Data) -> tuple[Tensor, Tensor, tuple]:
     rot_t = torch.cat((d.ximat[box_body], d.geom_xmat[geom])).transpose(-1, -2)
     jacp, jacr = jac(m, d, point, body)
     jac_local = torch.cat((rot_t @ jacr, rot_t @ jacp), -2)
-    lvel = jac_local @ d.qvel
+    lvel = (jac_local * d.qvel).sum(-1)
     wind = rot_t @ m.opt.wind
     lvel = torch.cat((lvel[:, :3], lvel[:, 3:] - wind), -1)
 
@@ -170,7 +173,7 @@ def fluid_force(m: Model, d: Data) -> Tensor:
     lvels = (lvel[:nbox], lvel[nbox:])
     wrench = torch.cat([fn(v, *args, m.opt.density, m.opt.viscosity) for v, (fn, args) in zip(lvels, models)])
     scale = torch.cat((torch.ones_like(lvels[0][:, 0]), m.geom_fluid[m.fluid_plan.geom, 0]))
-    return torch.einsum("nkv,nk->v", jac_local, wrench * scale[:, None])
+    return (jac_local * (wrench * scale[:, None])[:, :, None]).sum((0, 1))
 
 
 def fluid_force_vel(m: Model, d: Data) -> Tensor:
@@ -186,11 +189,16 @@ def fluid_force_vel(m: Model, d: Data) -> Tensor:
     nbox = m.fluid_plan.box_body.shape[0]
     blocks = []
     for v, (fn, args) in zip((lvel[:nbox], lvel[nbox:]), models):
-        if not v.shape[0]:  # vmap needs one element at least
-            blocks.append(v.new_zeros((0, 6, 6)))
-            continue
-        per_element = torch.func.vmap(torch.func.jacfwd(fn), in_dims=(0,) * (1 + len(args)) + (None, None))
-        blocks.append(per_element(v, *args, m.opt.density, m.opt.viscosity))
+
+        def wrench(x: Tensor, fn=fn, args=args) -> Tensor:
+            return fn(x, *args, m.opt.density, m.opt.viscosity)
+
+        # elements are independent: column k of every B is one jvp moving each element along e_k
+        # (a loop, not a vmap over the basis, which inductor's forward-mode views do not take)
+        basis = torch.eye(6, dtype=v.dtype, device=v.device)
+        v = v.clone()  # a primal with its own storage: the tangents must share its layout
+        columns = [torch.func.jvp(wrench, (v,), (basis[k].expand_as(v).contiguous(),))[1] for k in range(6)]
+        blocks.append(torch.stack(columns, -1))
     box_b, geom_b = blocks
     if m.opt.integrator == IntegratorType.IMPLICITFAST:
         symmetric = m.fluid_plan.geom_symmetric[:, None, None]
