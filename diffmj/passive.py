@@ -80,7 +80,7 @@ def _box_local_force(lvel: Tensor, box: Tensor, density: Tensor, viscosity: Tens
     diam = box.sum(-1, keepdim=True) / 3.0  # diameter of the equivalent sphere
     box4 = box * box * box * box
     torque = -pymath.pi * diam * diam * diam * viscosity * ang
-    torque = torque - density * box * (box4.sum(-1, keepdim=True) - box4) * ang.abs() * ang / 64.0
+    torque = torque - density * box * (box4.roll(-1, -1) + box4.roll(-2, -1)) * ang.abs() * ang / 64.0
     force = -3.0 * pymath.pi * diam * viscosity * lin
     force = force - 0.5 * density * box.roll(-1, -1) * box.roll(-2, -1) * lin.abs() * lin
     return torch.cat((torque, force), -1)
@@ -135,15 +135,13 @@ def _ellipsoid_local_force(
     return torch.cat((torque, force), -1)
 
 
-def _fluid_elements(m: Model, d: Data) -> tuple[Tensor, Tensor, tuple]:
-    """What each fluid element (box bodies, then ellipsoid geoms) needs.
+def _fluid_elements(m: Model, d: Data) -> tuple[Tensor, tuple]:
+    """The fluid elements (box bodies, then ellipsoid geoms): their Jacobians in their own frames
+    [n, 6, nv] (angular rows, then linear), and per model (its elements' velocity relative to the
+    wind in their frames [k, 6], the function of it that gives their wrenches [k, 6]).
 
     Products with qvel and wrenches are plain reductions, not contractions: vmapped, they sum
     in the same order as alone (a batched step equals each element's bit for bit).
-
-    Returns its Jacobian in its own frame [n, 6, nv] (angular rows, then linear), its velocity
-    relative to the wind in that frame [n, 6], and the (force function, its arguments) of
-    each model.
     """
     plan = m.fluid_plan
     box_body, geom = plan.box_body, plan.geom
@@ -160,19 +158,21 @@ def _fluid_elements(m: Model, d: Data) -> tuple[Tensor, Tensor, tuple]:
     box = torch.sqrt((inertia.roll(-1, -1) + inertia.roll(-2, -1) - inertia).clamp_min(math.MINVAL) / mass * 6.0)
     size = m.geom_size[geom].gather(-1, plan.geom_semiaxis)
     size = torch.cat((size[:, :2], size[:, 2:] + plan.geom_capsule[:, None] * m.geom_size[geom, :1]), -1)
-    models = ((_box_local_force, (box,)), (_ellipsoid_local_force, (size, m.geom_fluid[geom, 1:])))
-    return jac_local, lvel, models
+    nbox = box_body.shape[0]
+    density, viscosity = m.opt.density, m.opt.viscosity
+    return jac_local, (
+        (lvel[:nbox], lambda v: _box_local_force(v, box, density, viscosity)),
+        (lvel[nbox:], lambda v: _ellipsoid_local_force(v, size, m.geom_fluid[geom, 1:], density, viscosity)),
+    )
 
 
 def fluid_force(m: Model, d: Data) -> Tensor:
     """Fluid forces of both models (mj_fluid) [nv]; zero when the model has no fluid."""
     if not m.fluid_plan.enabled:
         return torch.zeros_like(d.qvel)
-    jac_local, lvel, models = _fluid_elements(m, d)
-    nbox = m.fluid_plan.box_body.shape[0]
-    lvels = (lvel[:nbox], lvel[nbox:])
-    wrench = torch.cat([fn(v, *args, m.opt.density, m.opt.viscosity) for v, (fn, args) in zip(lvels, models)])
-    scale = torch.cat((torch.ones_like(lvels[0][:, 0]), m.geom_fluid[m.fluid_plan.geom, 0]))
+    jac_local, models = _fluid_elements(m, d)
+    wrench = torch.cat([wrench_of(lvel) for lvel, wrench_of in models])
+    scale = torch.cat((torch.ones_like(m.fluid_plan.box_body, dtype=m.dtype), m.geom_fluid[m.fluid_plan.geom, 0]))
     return (jac_local * (wrench * scale[:, None])[:, :, None]).sum((0, 1))
 
 
@@ -185,19 +185,14 @@ def fluid_force_vel(m: Model, d: Data) -> Tensor:
     """
     if not m.fluid_plan.enabled:
         return torch.zeros_like(d.qM)
-    jac_local, lvel, models = _fluid_elements(m, d)
-    nbox = m.fluid_plan.box_body.shape[0]
+    jac_local, models = _fluid_elements(m, d)
+    basis = torch.eye(6, dtype=m.dtype, device=m.device)
     blocks = []
-    for v, (fn, args) in zip((lvel[:nbox], lvel[nbox:]), models):
-
-        def wrench(x: Tensor, fn=fn, args=args) -> Tensor:
-            return fn(x, *args, m.opt.density, m.opt.viscosity)
-
+    for lvel, wrench_of in models:
         # elements are independent: column k of every B is one jvp moving each element along e_k
         # (a loop, not a vmap over the basis, which inductor's forward-mode views do not take)
-        basis = torch.eye(6, dtype=v.dtype, device=v.device)
-        v = v.clone()  # a primal with its own storage: the tangents must share its layout
-        columns = [torch.func.jvp(wrench, (v,), (basis[k].expand_as(v).contiguous(),))[1] for k in range(6)]
+        lvel = lvel.clone()  # a primal with its own storage: the tangents must share its layout
+        columns = [torch.func.jvp(wrench_of, (lvel,), (basis[k].expand_as(lvel).contiguous(),))[1] for k in range(6)]
         blocks.append(torch.stack(columns, -1))
     box_b, geom_b = blocks
     if m.opt.integrator == IntegratorType.IMPLICITFAST:
