@@ -15,7 +15,7 @@ from diffmj import math
 from diffmj.actuation import actuation, actuator_force_vel, next_activation
 from diffmj.collision.driver import collision
 from diffmj.constraint import make_constraint, reference_constraint
-from diffmj.passive import passive
+from diffmj.passive import fluid_force_vel, passive
 from diffmj.adjoint import solve_implicit
 from diffmj.sensor import sensor_acc, sensor_pos, sensor_vel
 from diffmj.smooth import (
@@ -194,11 +194,15 @@ def _rk4(m: Model, d: Data, mode: BackwardMode) -> Data:
 def qfrc_smooth_vel(m: Model, d: Data) -> Tensor:
     """d (qfrc_actuator + qfrc_passive) / d qvel, without the bias term (mjd_smooth_vel). [nv, nv]
 
+    Fluid forces add their derivative as mjd_passive_vel does (fluid_force_vel).
+
     Like MuJoCo's qDeriv it keeps only entries between dofs on one kinematic chain
     (one an ancestor of the other): tendons and actuators coupling other dofs lose
     those couplings in the implicit solve.
     """
     deriv = torch.zeros_like(d.qM)
+    if not (m.opt.disabled(DisableBit.SPRING) and m.opt.disabled(DisableBit.DAMPER)):
+        deriv = deriv + fluid_force_vel(m, d)
     if not m.opt.disabled(DisableBit.DAMPER):
         deriv = deriv - torch.diag_embed(m.dof_damping)
         if m.ntendon:

@@ -21,6 +21,7 @@ from diffmj.plan import (
     SUPPORTED_SENSORS,
     build_actuator_plan,
     build_constraint_plan,
+    build_fluid_plan,
     build_sensor_plan,
     build_tendon_plan,
     ray_geoms,
@@ -80,8 +81,6 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         _refuse("option flag 'sleep'")
     if opt.noslip_iterations > 0:
         _refuse("option noslip_iterations > 0 (noslip solver)")
-    if opt.density > 0 or opt.viscosity > 0:
-        _refuse("fluid forces (option density / viscosity)")
     for count, feature in (
         (mjm.nflex, "flex"),
         (mjm.nplugin, "plugin"),
@@ -246,6 +245,9 @@ def put_model(
         o_solimp=t(o.o_solimp),
         o_friction=t(o.o_friction),
         magnetic=t(o.magnetic),
+        density=t(o.density),
+        viscosity=t(o.viscosity),
+        wind=t(o.wind),
         integrator=IntegratorType(o.integrator),
         cone=ConeType(o.cone),
         solver=_solver(SolverType(o.solver)),
@@ -266,7 +268,7 @@ def put_model(
         if f in ("stat_meaninertia",):
             fields[f] = t(mjm.stat.meaninertia)
         elif f not in ("opt", "tree", "tendon_plan", "actuator_plan", "collision_plan", "constraint_plan",
-                       "sensor_plan"):
+                       "sensor_plan", "fluid_plan"):
             fields[f] = t(getattr(mjm, f))
     # MuJoCo stores these per-element scalars as [n, 1]
     for f in ("body_mass", "body_gravcomp", "jnt_stiffness", "jnt_margin", "geom_solmix",
@@ -286,6 +288,7 @@ def put_model(
         collision_plan=collision_plan,
         constraint_plan=constraint_plan,
         sensor_plan=build_sensor_plan(mjm, constraint_plan, contact_geom, dtype, device),
+        fluid_plan=build_fluid_plan(mjm, dtype, device),
         **fields,
     )
 
@@ -345,6 +348,7 @@ def _zeros_data(m: Model, batch_shape: tuple[int, ...]) -> dict:
         "qfrc_spring": (nv,),
         "qfrc_damper": (nv,),
         "qfrc_gravcomp": (nv,),
+        "qfrc_fluid": (nv,),
         "qfrc_passive": (nv,),
         "actuator_force": (nu,),
         "qfrc_actuator": (nv,),

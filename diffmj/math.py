@@ -20,11 +20,15 @@ from torch import Tensor
 MINVAL = 1e-15  # mjMINVAL: smallest denominator MuJoCo accepts
 
 
+def safe_sqrt(x: Tensor) -> Tensor:
+    """Square root of x >= 0 with gradient 0 (not inf) at 0."""
+    positive = x > 0
+    return torch.where(positive, torch.sqrt(torch.where(positive, x, 1.0)), 0.0)
+
+
 def safe_norm(x: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     """Euclidean norm with gradient 0 (not NaN) at the origin."""
-    sq = (x * x).sum(dim, keepdim=keepdim)
-    positive = sq > 0
-    return torch.where(positive, torch.sqrt(torch.where(positive, sq, 1.0)), 0.0)
+    return safe_sqrt((x * x).sum(dim, keepdim=keepdim))
 
 
 def normalize(x: Tensor, fallback: Tensor | None = None) -> tuple[Tensor, Tensor]:

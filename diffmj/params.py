@@ -19,6 +19,10 @@ masses, inertias, armature, body / joint geometry, qpos0, tendon coefficients, c
 geom sizes, site frames, actuator gears), it recomputes them with ``diffmj.set_const``, as a
 MuJoCo user calls ``mj_setConst`` after changing an ``mjModel`` field. ``Model.replace`` is a raw
 field replace that does not.
+
+Fluid forces (``opt.density``, ``opt.viscosity``, ``opt.wind``, ``geom_fluid``) are parameters of a
+model loaded with a positive density or viscosity; which bodies use the inertia-box model and which
+geoms the ellipsoid model (``fluidshape``) is fixed by ``put_model``, as MuJoCo's compiler fixes it.
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ def get_param(m: Model, name: str, obj: str | int | None = None) -> Tensor:
     return value if obj is None else value[_rows(m, name, obj)]
 
 
+FLUID_PARAMS = ("opt.density", "opt.viscosity", "opt.wind", "geom_fluid")
+
+
 def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None = None) -> Model:
     """A new Model with parameter ``name`` (or object ``obj``'s rows of it) set to ``value``.
 
@@ -89,9 +96,14 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
     ``SET_CONST_INPUTS`` the derived constants (``body_invweight0``, ``dof_invweight0``, ...) are
     recomputed for the new value (``set_const``), so gradients reach the constraint rows through
     them. Differentiable in ``value`` and usable under ``torch.func`` (``grad``, ``vmap`` over
-    values). Raises ValueError as ``get_param`` does, and for a value that does not broadcast.
+    values). Raises ValueError as ``get_param`` does, for a value that does not broadcast, and for
+    fluid parameters (``FLUID_PARAMS``) of a model put_model loaded without fluid forces.
     """
     current = _field(m, name)
+    if name in FLUID_PARAMS and not m.fluid_plan.enabled:
+        raise ValueError(f"{name!r}: the model was loaded without fluid forces (density = viscosity = 0), so "
+                         "put_model planned none; set opt.density or opt.viscosity on the mujoco.MjModel and "
+                         "call diffmj.put_model again")
     if not isinstance(value, Tensor):
         value = torch.as_tensor(value, dtype=current.dtype, device=current.device)
     if value.dtype != current.dtype or value.device != current.device:

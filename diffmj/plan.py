@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
+from diffmj.math import MINVAL
 from diffmj.enums import (
     BiasType,
     ConeType,
@@ -214,6 +215,54 @@ ROW_BLOCKS = (
     ("limit_ball_jnt", ConstraintType.LIMIT_JOINT, 1),
     ("limit_tendon", ConstraintType.LIMIT_TENDON, 2),  # lower, upper
 )
+
+
+@pytree_dataclass
+class FluidPlan(PyTreeNode):
+    """Bodies and geoms that feel fluid forces (mj_fluid), fixed in put_model.
+
+    MuJoCo applies the ellipsoid model to every geom with ``fluidshape`` (geom_fluid[:, 0] != 0)
+    of a body that has one, and the inertia-box model to each other body with mass. Empty, and
+    ``enabled`` False, when the model was loaded with no density and no viscosity.
+    """
+
+    box_body: Tensor  # [k] bodies of the inertia-box model
+    geom: Tensor  # [g] geoms of the ellipsoid model
+    geom_semiaxis: Tensor  # [g, 3] geom_size entries of each semi-axis (mju_geomSemiAxes)
+    geom_capsule: Tensor  # [g] 1 for capsules, whose third semi-axis adds the radius
+    geom_symmetric: Tensor  # [g] 1 where implicitfast symmetrises the derivative (not a standalone free body)
+    enabled: bool = static_field()
+
+
+def _standalone_free_body(mjm, body: int) -> bool:
+    """mj_isFreeBody: one free joint, a tree of 6 dofs and no mass below the body."""
+    if mjm.body_jntnum[body] != 1 or mjm.jnt_type[mjm.body_jntadr[body]] != JointType.FREE:
+        return False
+    adr = mjm.jnt_dofadr[mjm.body_jntadr[body]]
+    return mjm.tree_dofnum[mjm.dof_treeid[adr]] == 6 and mjm.body_subtreemass[body] == mjm.body_mass[body]
+
+
+def build_fluid_plan(mjm, dtype, device) -> FluidPlan:
+    enabled = bool(mjm.opt.density > 0 or mjm.opt.viscosity > 0)
+    box, geoms = [], []
+    for b in range(mjm.nbody) if enabled else ():
+        if mjm.body_mass[b] < MINVAL:
+            continue
+        own = range(mjm.body_geomadr[b], mjm.body_geomadr[b] + mjm.body_geomnum[b])
+        if any(mjm.geom_fluid[g, 0] > 0 for g in own):
+            geoms += [g for g in own if mjm.geom_fluid[g, 0] != 0]
+        else:
+            box.append(b)
+    semiaxis = {GeomType.SPHERE: (0, 0, 0), GeomType.CAPSULE: (0, 0, 1), GeomType.CYLINDER: (0, 0, 1)}
+    types = [int(mjm.geom_type[g]) for g in geoms]
+    return FluidPlan(
+        box_body=_long(box, device),
+        geom=_long(geoms, device),
+        geom_semiaxis=_long([semiaxis.get(t, (0, 1, 2)) for t in types], device).reshape(-1, 3),
+        geom_capsule=_floats([t == GeomType.CAPSULE for t in types], dtype, device),
+        geom_symmetric=_floats([not _standalone_free_body(mjm, mjm.geom_bodyid[g]) for g in geoms], dtype, device),
+        enabled=enabled,
+    )
 
 
 @pytree_dataclass

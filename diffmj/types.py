@@ -53,7 +53,7 @@ from diffmj.enums import (  # noqa: F401  re-exported: this module is where user
     WrapType,
 )
 from diffmj.names import Names
-from diffmj.plan import ActuatorPlan, ConstraintPlan, SensorPlan, TendonPlan
+from diffmj.plan import ActuatorPlan, ConstraintPlan, FluidPlan, SensorPlan, TendonPlan
 from diffmj.tree import TreePlan
 
 
@@ -83,6 +83,9 @@ class Option(PyTreeNode):
     o_solimp: Tensor  # [5]
     o_friction: Tensor  # [5]
     magnetic: Tensor  # [3] global magnetic flux (magnetometer sensors)
+    density: Tensor  # [] fluid density (fluid forces; put_model plans them when density or viscosity > 0)
+    viscosity: Tensor  # [] fluid viscosity
+    wind: Tensor  # [3] fluid velocity in the world frame
     integrator: IntegratorType = static_field()
     cone: ConeType = static_field()
     solver: SolverType = static_field()
@@ -182,6 +185,7 @@ class Model(PyTreeNode):
     collision_plan: CollisionPlan
     constraint_plan: ConstraintPlan
     sensor_plan: SensorPlan
+    fluid_plan: FluidPlan
 
     # ---- bodies
     body_parentid: tuple[int, ...] = static_field()
@@ -250,6 +254,8 @@ class Model(PyTreeNode):
     geom_margin: Tensor  # [ngeom]
     geom_gap: Tensor  # [ngeom]
     geom_rbound: Tensor  # [ngeom]
+    geom_fluid: Tensor  # [ngeom, 12] ellipsoid fluid model: interaction, blunt / slender / angular drag,
+    #   Kutta and Magnus lift coefficients, virtual mass [3], virtual inertia [3] (MuJoCo's layout)
     site_bodyid: tuple[int, ...] = static_field()
     site_type: tuple[int, ...] = static_field()
     site_pos: Tensor  # [nsite, 3]
@@ -434,6 +440,7 @@ class Data:
     qfrc_spring: Tensor  # [nv]
     qfrc_damper: Tensor  # [nv]
     qfrc_gravcomp: Tensor  # [nv]
+    qfrc_fluid: Tensor  # [nv]
     qfrc_passive: Tensor  # [nv]
     # ---- acceleration dependent
     actuator_force: Tensor  # [nu]
@@ -491,7 +498,7 @@ COMPUTED_FIELDS = (  # recomputed from state and inputs by forward()
     "qacc", "act_dot", "xpos", "xquat", "xmat", "xipos", "ximat", "xanchor", "xaxis", "geom_xpos", "geom_xmat",
     "site_xpos", "site_xmat", "subtree_com", "cdof", "cinert", "crb", "ten_length", "ten_J", "actuator_length",
     "actuator_moment", "qM", "qLD", "ten_velocity", "actuator_velocity", "cvel", "cdof_dot", "qfrc_bias",
-    "qfrc_spring", "qfrc_damper", "qfrc_gravcomp", "qfrc_passive", "actuator_force", "qfrc_actuator",
+    "qfrc_spring", "qfrc_damper", "qfrc_gravcomp", "qfrc_fluid", "qfrc_passive", "actuator_force", "qfrc_actuator",
     "qfrc_smooth", "qacc_smooth", "qfrc_constraint", "contact", "efc_active", "efc_J", "efc_pos", "efc_margin",
     "efc_frictionloss", "efc_diagA", "efc_D", "efc_R", "efc_KBIP", "efc_vel", "efc_aref", "efc_force",
     "efc_state", "sensordata", "cacc", "cfrc_int", "cfrc_ext",

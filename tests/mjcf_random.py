@@ -15,6 +15,11 @@ model do not depend on them). The option
 block draws the integrator, timestep, gravity and, sometimes, disable
 flags and disabled actuator groups.
 
+``random_mjcf(seed, fluid=True)`` is the same model in a fluid: random density,
+viscosity and wind, and in about half the bodies, geoms with ``fluidshape="ellipsoid"``
+and random fluid coefficients (the other bodies use the inertia-box model); these
+draws come from a stream of their own, so the model is otherwise that of the seed.
+
 The same seed always gives the same string. Magnitudes stay physical:
 body masses 0.1-5, inertias of solids at least 4 cm across (positive,
 triangle inequality), small damping and velocity gains, timestep
@@ -172,8 +177,8 @@ def _axis_frame(axis: np.ndarray) -> np.ndarray:
     return np.column_stack([x, np.cross(axis, x), axis])
 
 
-def _geom(rng: np.random.Generator, mass: float) -> str:
-    return _shaped_geom(rng, rng.choice(GEOM_TYPES), mass)[0]
+def _geom(rng: np.random.Generator, mass: float, extra: str = "") -> str:
+    return _shaped_geom(rng, rng.choice(GEOM_TYPES), mass, extra)[0]
 
 
 def _shaped_geom(rng: np.random.Generator, kind: str, mass: float, extra: str = "") -> tuple[str, _Shape]:
@@ -529,6 +534,36 @@ class _Builder:
         return "\n".join(lines) + "\n"
 
 
+class _FluidBuilder(_Builder):
+    """The contact-free model in a fluid; fluid draws use a stream apart from the model's."""
+
+    model_name = "random_fluid"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.fluid_rng = np.random.default_rng([self.seed, 2])
+        self.ellipsoid_bodies: dict[str, bool] = {}
+
+    def _option_attrs(self) -> str:
+        """Density and viscosity (each sometimes zero, never both) and a wind."""
+        rng = self.fluid_rng
+        density, viscosity = rng.uniform(0.5, 300.0), rng.uniform(0.001, 0.5)
+        draw = rng.random()
+        density, viscosity = (0.0, viscosity) if draw < 0.2 else (density, 0.0) if draw < 0.4 else (density, viscosity)
+        wind = rng.uniform(-2.0, 2.0, 3) * (rng.random() < 0.7)
+        return f' density="{density:.6g}" viscosity="{viscosity:.6g}" wind="{_fmt(wind)}"'
+
+    def _body_geom(self, body: _Body, mass: float) -> str:
+        """In an ellipsoid-model body most geoms get fluidshape and random coefficients."""
+        rng = self.fluid_rng
+        ellipsoid = self.ellipsoid_bodies.setdefault(body.name, bool(rng.random() < 0.5))
+        extra = ""
+        if ellipsoid and rng.random() < 0.8:
+            coef = (*rng.uniform(0.0, 1.0, 2), *rng.uniform(0.0, 2.0, 3))  # blunt, slender, angular, Kutta, Magnus
+            extra = f' fluidshape="ellipsoid" fluidcoef="{_fmt(coef)}"'
+        return _geom(self.rng, mass, extra)
+
+
 def _check_options(max_bodies: int, max_depth: int, integrator: str | None) -> None:
     if integrator is not None and integrator not in INTEGRATORS:
         raise ValueError(f"integrator must be one of {INTEGRATORS}, got {integrator!r}")
@@ -545,14 +580,17 @@ def random_mjcf(
     max_actuators: int = 8,
     integrator: str | None = None,
     disable_flags: bool = True,
+    fluid: bool = False,
 ) -> str:
     """The MJCF text of a random contact-free model; equal seeds give equal strings.
 
     ``integrator`` fixes the integrator (one of ``INTEGRATORS``) instead of
-    drawing it; ``disable_flags=False`` keeps every physics flag enabled.
+    drawing it; ``disable_flags=False`` keeps every physics flag enabled;
+    ``fluid=True`` puts the model in a fluid (see the module's docstring).
     """
     _check_options(max_bodies, max_depth, integrator)
-    builder = _Builder(seed, max_bodies, max_depth, max_tendons, max_actuators, integrator, disable_flags)
+    builder = (_FluidBuilder if fluid else _Builder)(
+        seed, max_bodies, max_depth, max_tendons, max_actuators, integrator, disable_flags)
     return builder.build()
 
 

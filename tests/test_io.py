@@ -99,7 +99,6 @@ REFUSED = {
     "user dynamics": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
     "dcmotor thermal": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
     "dcmotor controller": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
-    "fluid": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
 }
 ASSET = {"mesh pair": '<asset><mesh name="tetra" vertex="0 0 0 .1 0 0 0 .1 0 0 0 .1"/></asset>'}
 EXTRA = {
@@ -111,7 +110,6 @@ EXTRA = {
     'controller="10 0 1"/></actuator>',
 }
 OPTION = {
-    "fluid": '<option density="1.2"/>',
     "multiccd": '<option><flag multiccd="disable"/></option>',
     "nativeccd": '<option><flag nativeccd="disable"/></option>',
 }
@@ -123,7 +121,6 @@ MESSAGE = {
     "user dynamics": "actuator #0: dynamics 'user'",
     "dcmotor thermal": "actuator #0: DC motor thermal model",
     "dcmotor controller": "actuator #0: DC motor inputs other than one voltage",
-    "fluid": "fluid forces",
 }
 
 
