@@ -41,6 +41,7 @@ difference to find, not rounding.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import queue
@@ -71,8 +72,9 @@ QPOS_NOISE = 0.02  # rad or m per dof, applied as a velocity integrated for one 
 QVEL_NOISE = 0.1
 CTRL_NOISE = 0.1  # of the half range for limited controls, absolute otherwise
 
+ERROR_BANDS = (1e-12, 1e-9, 1e-6, float("inf"))  # the summary's bands of worst errors
 # what a model's record says in one word
-STATUSES = ("match", "mismatch", "refused", "error", "timeout", "not_compiled")
+STATUSES = ("match", "mismatch", "static", "refused", "error", "timeout", "not_compiled")
 
 
 def is_mjcf(path: Path) -> bool:
@@ -85,9 +87,22 @@ def is_mjcf(path: Path) -> bool:
     return False
 
 
-def model_files(root: Path) -> list[Path]:
-    """The MJCF files under ``root``, sorted."""
-    return sorted(p for p in root.rglob("*.xml") if p.is_file() and is_mjcf(p))
+def excluded(model: str, patterns: list[str]) -> bool:
+    """Whether a file's path relative to its collection matches one of the ``fnmatch`` patterns."""
+    return any(fnmatch.fnmatch(model, pattern) for pattern in patterns)
+
+
+def model_files(root: Path, exclude: list[str] = ()) -> list[Path]:
+    """The MJCF files under ``root`` not ``excluded``, sorted."""
+    return sorted(p for p in root.rglob("*.xml")
+                  if p.is_file() and not excluded(str(p.relative_to(root)), exclude) and is_mjcf(p))
+
+
+def status(record: dict) -> str:
+    """A record's status for the tables: a compared model without degrees of freedom (a prop, an
+    arena) is ``static``, since nothing in it moves."""
+    compared = record["status"] in ("match", "mismatch")
+    return "static" if compared and record["size"]["nv"] == 0 else record["status"]
 
 
 def feature(message: str) -> str:
@@ -139,11 +154,13 @@ def worst(errors: dict[str, float], into: dict[str, float]) -> None:
 
 def solver_effort(mjm: mujoco.MjModel, mjd: mujoco.MjData, into: dict[str, int]) -> None:
     """Keep in ``into`` the most contacts, solver iterations and line-search evaluations MuJoCo C used
-    (of island 0): a solve that ran out of ``opt.iterations`` or ``opt.ls_iterations`` ends where the
-    algorithm's path ends, not at the optimum, so only the same algorithm reproduces it."""
+    (of island 0), and how often it reset an unstable simulation (``mj_checkAcc``: a qacc over 1e10).
+    A solve that ran out of ``opt.iterations`` or ``opt.ls_iterations`` ends where the algorithm's
+    path ends, not at the optimum, so only the same algorithm reproduces it; diffmj never resets."""
     iterations = int(mjd.solver_niter[0])
     evals = max((mjd.solver[i].neval for i in range(min(iterations, mujoco.mjNSOLVER))), default=0)
-    for key, value in (("ncon", mjd.ncon), ("iterations", iterations), ("ls_evals", evals)):
+    resets = mjd.warning[mujoco.mjtWarning.mjWARN_BADQACC].number
+    for key, value in (("ncon", mjd.ncon), ("iterations", iterations), ("ls_evals", evals), ("resets", resets)):
         into[key] = max(into.get(key, 0), int(value))
 
 
@@ -296,18 +313,20 @@ def describe(record: dict) -> str:
 
 def summary_tables(records: list[dict], tol: float) -> str:
     """Markdown: counts per collection, refusals ranked by the models they block, the loaded models."""
-    models = [r for r in records if r["status"] != "not_compiled"]
-    lines = [f"{len(models)} models compiled by MuJoCo ({len(records) - len(models)} files that did not "
-             f"compile skipped); loaded by diffmj: {sum(r['status'] not in ('refused', 'timeout') for r in models)}; "
-             f"match MuJoCo C within {tol:g}: {sum(r['status'] == 'match' for r in models)}.", ""]
+    models = [r for r in records if status(r) not in ("not_compiled", "static")]
     counts: dict[str, Counter] = defaultdict(Counter)
     for r in records:
-        counts[r["collection"]][r["status"]] += 1
-    lines += ["| collection | models | match | mismatch | refused | error | timeout | (not compiled) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, c in list(counts.items()) + [("**all**", sum(counts.values(), Counter()))]:
-        total = sum(c[s] for s in STATUSES[:-1])
-        lines.append(f"| {name} | {total} | " + " | ".join(str(c[s]) for s in STATUSES) + " |")
+        counts[r["collection"]][status(r)] += 1
+    total = sum(counts.values(), Counter())
+    lines = [f"{len(models)} models with degrees of freedom compiled by MuJoCo ({total['static']} static ones "
+             f"and {total['not_compiled']} files that did not compile set aside); loaded by diffmj: "
+             f"{sum(status(r) not in ('refused', 'timeout') for r in models)}; match MuJoCo C within {tol:g}: "
+             f"{total['match']}.", ""]
+    lines += ["| collection | models | match | mismatch | refused | error | timeout | (static) | (not compiled) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    columns = [s for s in STATUSES if s not in ("static", "not_compiled")] + ["static", "not_compiled"]
+    for name, c in list(counts.items()) + [("**all**", total)]:
+        lines.append(f"| {name} | {sum(c[s] for s in columns[:-2])} | " + " | ".join(str(c[s]) for s in columns) + " |")
 
     refused = [r for r in models if r["status"] == "refused"]
     by_feature: dict[str, list[dict]] = defaultdict(list)
@@ -321,19 +340,36 @@ def summary_tables(records: list[dict], tol: float) -> str:
         where = ", ".join(f"{c} {n}" for c, n in cols.most_common())
         lines.append(f"| `{name}` | {len(group)} | {where} | {group[0]['collection']}/{group[0]['model']} |")
 
-    loaded = [r for r in models if r["status"] in ("match", "mismatch", "error")]
+    compared = [r for r in models if status(r) in ("match", "mismatch")]
+    bands = Counter(next(i for i, bound in enumerate(ERROR_BANDS) if error_of(r) <= bound) for r in compared)
+    lines += ["", f"Worst error over `forward` and `step` of the {len(compared)} simulated models: " + ", ".join(
+        f"{bands[i]} {label}" for i, label in enumerate(("<= 1e-12", "<= 1e-9", "<= 1e-6", "> 1e-6 (or NaN)")))
+        + f"; the free rollout stays within {tol:g} on {sum(not r['diverges'] for r in compared)}."]
+
+    loaded = [r for r in models if status(r) in ("match", "mismatch", "error")]
     lines += ["", f"Loaded models ({len(loaded)}): worst error over the fields of `forward` and `step`, and "
-              "of the free `rollout`:", "",
-              "| collection | model | nq | nv | nu | status | forward | step | rollout | seconds |",
-              "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+              "of the free `rollout`; MuJoCo C's most contacts, and solver iterations and line-search "
+              "evaluations used of those allowed (`opt.iterations`, `opt.ls_iterations`):", "",
+              "| collection | model | nq | nv | nu | status | forward | step | rollout | C: ncon, iterations, ls | s |",
+              "|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|"]
     for r in loaded:
-        size, worst_of = r.get("size", {}), r.get("worst", {})
-        status = r["status"] if r["status"] != "error" else f"error ({r['stage']}): {r['error'][:80]}"
+        size, worst_of, effort = r.get("size", {}), r.get("worst", {}), r.get("mujoco_solver")
+        shown = r["status"] if r["status"] != "error" else f"error ({r['stage']}): {r['error'][:80]}"
+        solver = (f"{effort['ncon']}, {effort['iterations']}/{r['options']['iterations']}, "
+                  f"{effort['ls_evals']}/{r['options']['ls_iterations']}" if effort else "")
+        if effort and effort["resets"]:
+            solver += f"; C reset an unstable state {effort['resets']}x"
         lines.append(f"| {r['collection']} | {r['model']} | {size.get('nq', '')} | {size.get('nv', '')} | "
-                     f"{size.get('nu', '')} | {status} | {fmt_error(worst_of.get('forward'))} | "
-                     f"{fmt_error(worst_of.get('step'))} | {fmt_error(worst_of.get('rollout'))} | "
+                     f"{size.get('nu', '')} | {shown} | {fmt_error(worst_of.get('forward'))} | "
+                     f"{fmt_error(worst_of.get('step'))} | {fmt_error(worst_of.get('rollout'))} | {solver} | "
                      f"{r['seconds'].get('simulate', 0):.0f} |")
     return "\n".join(lines)
+
+
+def error_of(record: dict) -> float:
+    """A compared record's worst error over ``forward`` and ``step`` (inf for NaN, written "nan")."""
+    values = [record["worst"][part] for part in ("forward", "step")]
+    return max(float("inf") if isinstance(v, str) else v for v in values)
 
 
 def jsonable(x):
@@ -348,9 +384,10 @@ def jsonable(x):
 
 
 def run_census(folders: dict[str, Path], timeout: float, states: int, steps: int, tol: float,
-               out: Path | None = None, header: dict | None = None) -> list[dict]:
-    """Examine every MJCF file of ``folders``; print a line per model; write JSON after each when ``out``."""
-    files = [(name, folder, path) for name, folder in folders.items() for path in model_files(folder)]
+               exclude: list[str] = (), out: Path | None = None, header: dict | None = None) -> list[dict]:
+    """Examine every MJCF file of ``folders`` (but those ``exclude`` matches); print a line per model;
+    write JSON after each when ``out``."""
+    files = [(name, folder, path) for name, folder in folders.items() for path in model_files(folder, exclude)]
     worker = Worker(states, steps, tol)
     records = []
     try:
@@ -373,24 +410,33 @@ def main() -> None:
     parser.add_argument("--states", type=int, default=2, help="initial states per model")
     parser.add_argument("--steps", type=int, default=10, help="steps per initial state")
     parser.add_argument("--tol", type=float, default=TOL, help="largest error of a match")
+    parser.add_argument("--exclude", nargs="*", default=[], metavar="PATTERN",
+                        help="skip files whose path in their collection matches (fnmatch; --table: leave out)")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "census.json")
-    parser.add_argument("--table", type=Path, help="print the tables of this result JSON and exit")
+    parser.add_argument("--table", type=Path, nargs="+", help="print the tables of these results and exit")
+    parser.add_argument("--merged", type=Path, help="with --table: write the results as one JSON here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the worker process
     args = parser.parse_args()
     if args.serve:
         serve(args.states, args.steps, args.tol)
         return
     if args.table:
-        result = json.loads(args.table.read_text())
-        print(summary_tables(result["records"], result["settings"]["tol"]))
+        runs = [json.loads(path.read_text()) for path in args.table]
+        records = [r for run in runs for r in run["records"] if not excluded(r["model"], args.exclude)]
+        tol = max(run["settings"]["tol"] for run in runs)
+        if args.merged:  # each run's machine and settings, then every record
+            parts = [{k: v for k, v in run.items() if k != "records"} for run in runs]
+            merged = {"runs": parts, "settings": {"tol": tol, "exclude": args.exclude}, "records": records}
+            args.merged.write_text(json.dumps(merged, indent=1) + "\n")
+        print(summary_tables(records, tol))
         return
     if not args.folders:
         parser.error("name at least one folder (or --table)")
     folders = collections(args.folders)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "table", "serve")} | {"folders": {
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "table", "merged", "serve")} | {"folders": {
         k: str(v) for k, v in folders.items()}}
     header = {"machine": machine_info(), "settings": settings}
-    records = run_census(folders, args.timeout, args.states, args.steps, args.tol, args.out, header)
+    records = run_census(folders, args.timeout, args.states, args.steps, args.tol, args.exclude, args.out, header)
     header["machine"]["load_average_end"] = os.getloadavg()
     args.out.write_text(json.dumps(jsonable(header | {"records": records}), indent=1) + "\n")
     print(summary_tables(records, args.tol))

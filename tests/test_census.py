@@ -24,6 +24,7 @@ MUSCLE = """<mujoco><worldbody><body><joint name="hinge" range="-1 1"/><geom siz
   <actuator><muscle name="biceps" joint="hinge"/></actuator></mujoco>"""
 FRAGMENT = """<mujoco><worldbody><body childclass="missing"><geom size=".1"/></body></worldbody></mujoco>"""
 INCLUDE = """<mujocoinclude><geom size=".1"/></mujocoinclude>"""
+STATIC = """<mujoco><worldbody><geom type="box" size=".1 .1 .1"/></worldbody></mujoco>"""
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +33,14 @@ def records(tmp_path_factory) -> dict[str, dict]:
     shutil.copy(ROOT / "tests" / "models" / "pendulum.xml", folder / "pendulum.xml")
     (folder / "sub").mkdir()
     for name, text in (("sub/fluid.xml", FLUID), ("muscle.xml", MUSCLE), ("fragment.xml", FRAGMENT),
-                       ("include.xml", INCLUDE)):
+                       ("include.xml", INCLUDE), ("static.xml", STATIC)):
         (folder / name).write_text(text)
     out = census.run_census({"tiny": folder}, timeout=300, states=1, steps=2, tol=census.TOL)
     return {r["model"]: r for r in out}
 
 
 def test_census_finds_the_mjcf_files_recursively(records):
-    assert sorted(records) == ["fragment.xml", "muscle.xml", "pendulum.xml", "sub/fluid.xml"]  # not include.xml
+    assert sorted(records) == ["fragment.xml", "muscle.xml", "pendulum.xml", "static.xml", "sub/fluid.xml"]  # not include.xml
     assert {r["collection"] for r in records.values()} == {"tiny"}
 
 
@@ -50,7 +51,7 @@ def test_census_matches_a_supported_model(records):
     assert set(r["errors"]["forward"]) == set(census.FORWARD_FIELDS)
     assert set(r["errors"]["step"]) == set(r["errors"]["rollout"]) == set(census.STEP_FIELDS)
     assert 0 <= r["worst"]["forward"] <= census.TOL and 0 <= r["worst"]["step"] <= census.TOL
-    assert set(r["mujoco_solver"]) == {"ncon", "iterations", "ls_evals"}
+    assert set(r["mujoco_solver"]) == {"ncon", "iterations", "ls_evals", "resets"}
 
 
 def test_census_reports_refusals_by_feature(records):
@@ -62,6 +63,12 @@ def test_census_reports_refusals_by_feature(records):
     assert "errors" not in fluid
 
 
+def test_census_sets_static_models_aside(records):
+    r = records["static.xml"]
+    assert r["status"] == "match" and r["size"]["nv"] == 0 and census.status(r) == "static"
+    assert census.status(records["pendulum.xml"]) == "match"
+
+
 def test_census_skips_files_that_do_not_compile(records):
     r = records["fragment.xml"]
     assert r["status"] == "not_compiled" and "unknown default childclass" in r["compile_error"]
@@ -69,8 +76,9 @@ def test_census_skips_files_that_do_not_compile(records):
 
 def test_summary_ranks_refusals_and_counts_collections(records):
     table = census.summary_tables(list(records.values()), census.TOL)
-    assert "3 models compiled by MuJoCo (1 files that did not compile skipped)" in table
-    assert "| tiny | 3 | 1 | 0 | 2 | 0 | 0 | 1 |" in table
+    assert "3 models with degrees of freedom compiled by MuJoCo (1 static ones and 1 files" in table
+    assert "loaded by diffmj: 1; match MuJoCo C within 1e-09: 1." in table
+    assert "| tiny | 3 | 1 | 0 | 2 | 0 | 0 | 1 | 1 |" in table
     assert "| `actuator: dynamics 'muscle'` | 1 | tiny 1 | tiny/muscle.xml |" in table
 
 
