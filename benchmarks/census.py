@@ -41,6 +41,7 @@ difference to find, not rounding.
 from __future__ import annotations
 
 import argparse
+import copy
 import fnmatch
 import json
 import os
@@ -59,6 +60,7 @@ import numpy as np
 import torch
 
 import diffmj
+from diffmj.collision.plan import convex_pair
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -211,17 +213,15 @@ def examine(path: str, states: int, steps: int, tol: float) -> dict:
     except Exception as e:  # noqa: BLE001 - a crash of put_model is a diffmj bug to record
         return record | {"status": "error", "stage": "put_model", "error": harness.reason(e)}
     start = time.perf_counter()
-    errors: dict = {"forward": {}, "step": {}, "rollout": {}}
     effort: dict = {}
     try:
-        for seed in range(states):
-            for part, values in compare_state(mjm, m, initial_state(mjm, seed), steps, effort).items():
-                worst(values, errors[part])
+        errors = compare_model(mjm, m, states, steps, effort)
+        worst_of = {part: max_error(values) for part, values in errors.items()}
+        matches = all(worst_of[part] <= tol for part in ("forward", "step"))  # False for NaN
+        record["diagnosis"] = {} if matches else diagnose(mjm, states, steps)
     except Exception as e:  # noqa: BLE001 - a crash while simulating is a diffmj bug to record
         return record | {"status": "error", "stage": "simulate", "error": harness.reason(e)}
     record["seconds"]["simulate"] = time.perf_counter() - start
-    worst_of = {part: max_error(values) for part, values in errors.items()}
-    matches = all(worst_of[part] <= tol for part in ("forward", "step"))  # False for NaN
     return record | {
         "status": "match" if matches else "mismatch",
         "errors": errors,
@@ -229,6 +229,40 @@ def examine(path: str, states: int, steps: int, tol: float) -> dict:
         "mujoco_solver": effort,
         "diverges": not worst_of["rollout"] <= tol,
     }
+
+
+def compare_model(mjm: mujoco.MjModel, m: diffmj.Model, states: int, steps: int, effort: dict) -> dict:
+    """``compare_state``'s worst errors over ``states`` initial states."""
+    errors: dict = {"forward": {}, "step": {}, "rollout": {}}
+    for seed in range(states):
+        for part, values in compare_state(mjm, m, initial_state(mjm, seed), steps, effort).items():
+            worst(values, errors[part])
+    return errors
+
+
+# Settings under which a mismatch is compared again, each where it changes the model: MuJoCo C's
+# general convex collision converged (diffmj's converges on its own, with no such option), and a
+# solver budget within which both solvers converge instead of stopping where their paths part.
+DIAGNOSES = {
+    "ccd_tolerance 1e-14": (lambda mjm: convex_pair(mjm) is not None, {"ccd_tolerance": 1e-14, "ccd_iterations": 1000}),
+    "iterations 100, ls_iterations 50": (lambda mjm: mjm.opt.iterations < 100 or mjm.opt.ls_iterations < 50,
+                                         {"iterations": 100, "ls_iterations": 50}),
+}
+
+
+def diagnose(mjm: mujoco.MjModel, states: int, steps: int) -> dict[str, float]:
+    """The worst error over ``forward`` and ``step`` under each of the ``DIAGNOSES`` that applies to
+    ``mjm``: one within the tolerance names the cause of a mismatch."""
+    out = {}
+    for name, (applies, options) in DIAGNOSES.items():
+        if applies(mjm):
+            variant = copy.copy(mjm)
+            for option, value in options.items():
+                setattr(variant.opt, option, max(value, getattr(variant.opt, option)) if "iterations" in option
+                        else value)
+            errors = compare_model(variant, diffmj.put_model(variant, dtype=torch.float64), states, steps, {})
+            out[name] = max(max_error(errors["forward"]), max_error(errors["step"]))
+    return out
 
 
 def serve(states: int, steps: int, tol: float) -> None:
@@ -348,8 +382,9 @@ def summary_tables(records: list[dict], tol: float) -> str:
 
     loaded = [r for r in models if status(r) in ("match", "mismatch", "error")]
     lines += ["", f"Loaded models ({len(loaded)}): worst error over the fields of `forward` and `step`, and "
-              "of the free `rollout`; MuJoCo C's most contacts, and solver iterations and line-search "
-              "evaluations used of those allowed (`opt.iterations`, `opt.ls_iterations`):", "",
+              "of the free `rollout` (a mismatch shows its worst error again under `DIAGNOSES`' settings); "
+              "MuJoCo C's most contacts, and solver iterations and line-search evaluations used of those "
+              "allowed (`opt.iterations`, `opt.ls_iterations`):", "",
               "| collection | model | nq | nv | nu | status | forward | step | rollout | C: ncon, iterations, ls | s |",
               "|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|"]
     for r in loaded:
@@ -359,6 +394,8 @@ def summary_tables(records: list[dict], tol: float) -> str:
                   f"{effort['ls_evals']}/{r['options']['ls_iterations']}" if effort else "")
         if effort and effort["resets"]:
             solver += f"; C reset an unstable state {effort['resets']}x"
+        if r.get("diagnosis"):
+            shown += " (" + "; ".join(f"{name}: {fmt_error(err)}" for name, err in r["diagnosis"].items()) + ")"
         lines.append(f"| {r['collection']} | {r['model']} | {size.get('nq', '')} | {size.get('nv', '')} | "
                      f"{size.get('nu', '')} | {shown} | {fmt_error(worst_of.get('forward'))} | "
                      f"{fmt_error(worst_of.get('step'))} | {fmt_error(worst_of.get('rollout'))} | {solver} | "
