@@ -117,3 +117,15 @@ def test_compare_state_sees_a_different_model():
     assert differs["forward"]["qacc"] > 1e-5 and differs["forward"]["qfrc_bias"] > 1e-5
     assert differs["step"]["qvel"] > 1e-5 and differs["rollout"]["qvel"] > 1e-5
     assert differs["forward"]["xpos"] == 0  # positions do not depend on gravity
+
+
+def test_diagnose_names_a_solver_budget_mismatch():
+    """With one solver iteration of one line-search step, MuJoCo C stops where its line search stops
+    and diffmj's exact line search does not: a mismatch that the diagnosis's budget removes."""
+    mjm = mujoco.MjModel.from_xml_path(str(ROOT / "tests" / "models" / "constraints.xml"))
+    mjm.opt.iterations, mjm.opt.ls_iterations = 1, 1
+    errors = census.compare_model(mjm, diffmj.put_model(mjm), 1, 3, {})
+    assert census.max_error(errors["step"]) > 1e-6
+    diagnosis = census.diagnose(mjm, 1, 3)
+    assert list(diagnosis) == ["iterations 100, ls_iterations 50"]  # no convex pairs: no ccd diagnosis
+    assert diagnosis["iterations 100, ls_iterations 50"] <= census.TOL
