@@ -1,0 +1,483 @@
+"""Census of MJCF models: does MuJoCo compile each, does diffmj load it, and does it match MuJoCo C?
+
+Run from the repository root in diffmj's venv, naming each collection ``NAME=DIR`` (or a bare
+directory, named after itself); ``scripts/census_models.sh`` gathers the published collections:
+
+    python benchmarks/census.py dm_control=/tmp/census/dm_control gymnasium=/tmp/census/gymnasium
+    python benchmarks/census.py --table benchmarks/results/census.json      # the tables of a result
+
+Every ``*.xml`` under a directory (recursively) whose root element is ``<mujoco>`` is examined in a
+worker process that is killed after ``--timeout`` seconds:
+
+1. **compiled**: ``mujoco.MjModel.from_xml_path``. Files that do not compile are included
+   fragments (a robot's ``<mujoco>`` body without its assets, defaults or scene) or miss an
+   asset; they are counted with the compiler's message, not as models.
+2. **loaded**: ``diffmj.put_model(..., dtype=float64)``, or **refused**: its NotImplementedError,
+   whose message names the first unsupported feature and element; ``feature`` drops the element
+   names so that refusals group by what is missing.
+3. **matches**: from ``--states`` states (keyframe 0, else qpos0; then a seeded perturbation of
+   qpos, qvel and ctrl: ``initial_state``) MuJoCo C and diffmj (eager, float64) compute
+
+   - ``forward``: ``mj_forward``'s kinematics, smooth forces, sensors and ``qacc`` (``FORWARD_FIELDS``);
+   - ``step``: ``--steps`` steps of MuJoCo C; at each, one diffmj step from MuJoCo C's state
+     (the same qpos, qvel, act, warm start and inputs) against MuJoCo C's next state;
+   - ``rollout``: diffmj's own ``--steps`` steps from the first state against MuJoCo C's, where
+     differences may grow (contacts that make or break one step apart, chaotic models).
+
+   The error of a field is ``max |diffmj - C| / (1 + |C|)``, the scale-aware relative error of
+   the test suite. A model **matches** when every forward and step error is within ``--tol``;
+   the rollout's error is reported beside it (``diverges`` when over ``--tol``).
+
+Why 1e-9 (``TOL``): the two sides evaluate the same formulas in nearly the same order, so
+they differ by rounding: the test suite measures at most 3e-13 on forward fields and 7e-12
+after a few steps of random models. Robot models are stiffer (light links with small
+armature): ``qacc = M^-1 f`` multiplies a rounding of 1e-16 by cond(M), which stays below 1e-10
+for cond(M) <= 1e6. 1e-9 leaves a factor of ten above that and is still orders below any
+missing or different term of the physics. A constraint solve that stops one iteration apart
+from MuJoCo's differs by about ``opt.tolerance`` (1e-8 by default) and fails it: that is a
+difference to find, not rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import fnmatch
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ElementTree
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import mujoco
+import numpy as np
+import torch
+
+import diffmj
+from diffmj.collision.plan import convex_pair
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402
+from step_throughput import machine_info  # noqa: E402
+
+TOL = 1e-9
+FORWARD_FIELDS = ("xpos", "xquat", "qfrc_bias", "qfrc_passive", "actuator_force", "sensordata", "qacc")
+STEP_FIELDS = ("qpos", "qvel", "act")
+QPOS_NOISE = 0.02  # rad or m per dof, applied as a velocity integrated for one unit of time
+QVEL_NOISE = 0.1
+CTRL_NOISE = 0.1  # of the half range for limited controls, absolute otherwise
+
+ERROR_BANDS = (1e-12, 1e-9, 1e-6, float("inf"))  # the summary's bands of worst errors
+# what a model's record says in one word
+STATUSES = ("match", "mismatch", "static", "refused", "error", "timeout", "not_compiled")
+
+
+def is_mjcf(path: Path) -> bool:
+    """Whether ``path``'s root element is <mujoco> (URDF, ``<mujocoinclude>`` and other XML are not models)."""
+    try:
+        for _, element in ElementTree.iterparse(path, events=("start",)):
+            return element.tag == "mujoco"
+    except ElementTree.ParseError:
+        return False
+    return False
+
+
+def excluded(model: str, patterns: list[str]) -> bool:
+    """Whether a file's path relative to its collection matches one of the ``fnmatch`` patterns."""
+    return any(fnmatch.fnmatch(model, pattern) for pattern in patterns)
+
+
+def model_files(root: Path, exclude: list[str] = ()) -> list[Path]:
+    """The MJCF files under ``root`` not ``excluded``, sorted."""
+    return sorted(p for p in root.rglob("*.xml")
+                  if p.is_file() and not excluded(str(p.relative_to(root)), exclude) and is_mjcf(p))
+
+
+def status(record: dict) -> str:
+    """A record's status for the tables: a compared model without degrees of freedom (a prop, an
+    arena) is ``static``, since nothing in it moves."""
+    compared = record["status"] in ("match", "mismatch")
+    return "static" if compared and record["size"]["nv"] == 0 else record["status"]
+
+
+def feature(message: str) -> str:
+    """A refusal message without the names of elements, so refusals group by the missing feature.
+
+    ``actuator 'elbow': gain 'muscle' is not supported by diffmj`` -> ``actuator: gain 'muscle'``;
+    ``geom pair 'a' (mesh) - 'b' (box): collision ...`` -> ``geom pair (mesh) - (box): collision``.
+    """
+    text = message.removesuffix(" is not supported by diffmj")
+    text = re.sub(r"^(actuator|sensor|joint|tendon|equality) ('.*?'|#\d+)", r"\1", text)
+    text = re.sub(r"('.*?'|#\d+) (\(\w+\))", r"\2", text)  # geom names of a pair
+    return re.sub(r" geom ('.*?'|#\d+)$", " geom", text)  # the geom a rangefinder ray meets
+
+
+def initial_state(mjm: mujoco.MjModel, seed: int) -> mujoco.MjData:
+    """Keyframe 0 (else qpos0) with qpos, qvel and ctrl perturbed by ``seed``'s noise; not forwarded."""
+    rng = np.random.default_rng(seed)
+    mjd = mujoco.MjData(mjm)
+    if mjm.nkey:
+        mujoco.mj_resetDataKeyframe(mjm, mjd, 0)
+    mujoco.mj_integratePos(mjm, mjd.qpos, QPOS_NOISE * rng.standard_normal(mjm.nv), 1.0)
+    mjd.qvel += QVEL_NOISE * rng.standard_normal(mjm.nv)
+    limited = mjm.actuator_ctrllimited.astype(bool)
+    low, high = mjm.actuator_ctrlrange.T
+    scale = np.where(limited, (high - low) / 2, 1.0)
+    ctrl = mjd.ctrl + CTRL_NOISE * scale * rng.standard_normal(mjm.nu)
+    mjd.ctrl[:] = np.where(limited, np.clip(ctrl, low, high), ctrl)
+    return mjd
+
+
+def field_error(actual: torch.Tensor, expected: np.ndarray) -> float:
+    """max |actual - expected| / (1 + |expected|) over the field (0 for an empty one; NaN propagates)."""
+    a = actual.detach().to("cpu", torch.float64).numpy().reshape(-1)
+    b = np.asarray(expected, dtype=np.float64).reshape(-1)
+    if a.shape != b.shape:
+        raise ValueError(f"shape {a.shape} != MuJoCo's {b.shape}")
+    if not a.size:
+        return 0.0
+    err = np.abs(a - b) / (1 + np.abs(b))
+    return float(np.nan if np.isnan(err).any() else err.max())
+
+
+def worst(errors: dict[str, float], into: dict[str, float]) -> None:
+    """Keep in ``into`` the larger error of each field (NaN wins: it is the worst)."""
+    for name, err in errors.items():
+        old = into.get(name, 0.0)
+        into[name] = err if np.isnan(err) or err > old else old
+
+
+def solver_effort(mjm: mujoco.MjModel, mjd: mujoco.MjData, into: dict[str, int]) -> None:
+    """Keep in ``into`` the most contacts, solver iterations and line-search evaluations MuJoCo C used
+    (of island 0), and how often it reset an unstable simulation (``mj_checkAcc``: a qacc over 1e10).
+    A solve that ran out of ``opt.iterations`` or ``opt.ls_iterations`` ends where the algorithm's
+    path ends, not at the optimum, so only the same algorithm reproduces it; diffmj never resets."""
+    iterations = int(mjd.solver_niter[0])
+    evals = max((mjd.solver[i].neval for i in range(min(iterations, mujoco.mjNSOLVER))), default=0)
+    resets = mjd.warning[mujoco.mjtWarning.mjWARN_BADQACC].number
+    for key, value in (("ncon", mjd.ncon), ("iterations", iterations), ("ls_evals", evals), ("resets", resets)):
+        into[key] = max(into.get(key, 0), int(value))
+
+
+def compare_state(mjm: mujoco.MjModel, m: diffmj.Model, mjd: mujoco.MjData, steps: int, effort: dict) -> dict:
+    """The worst error of each field over ``forward``, ``step`` and ``rollout`` from ``mjd``; MuJoCo
+    C's ``solver_effort`` into ``effort``."""
+    out = {"forward": {}, "step": {}, "rollout": {}}
+    expected = mujoco.MjData(mjm)
+    mujoco.mj_copyData(expected, mjm, mjd)
+    mujoco.mj_forward(mjm, expected)
+    solver_effort(mjm, expected, effort)
+    d = diffmj.forward(m, diffmj.put_data(m, mjd))
+    worst({f: field_error(getattr(d, f), getattr(expected, f)) for f in FORWARD_FIELDS}, out["forward"])
+
+    current = mujoco.MjData(mjm)
+    mujoco.mj_copyData(current, mjm, mjd)
+    free = None
+    for k in range(steps):
+        synced = diffmj.step(m, diffmj.put_data(m, current))
+        mujoco.mj_step(mjm, current)
+        solver_effort(mjm, current, effort)
+        free = synced if k == 0 else diffmj.step(m, free)  # both start from mjd
+        worst({f: field_error(getattr(synced, f), getattr(current, f)) for f in STEP_FIELDS}, out["step"])
+        worst({f: field_error(getattr(free, f), getattr(current, f)) for f in STEP_FIELDS}, out["rollout"])
+    return out
+
+
+def max_error(errors: dict[str, float]) -> float:
+    values = list(errors.values())
+    return float(np.nan) if any(np.isnan(v) for v in values) else max(values, default=0.0)
+
+
+def examine(path: str, states: int, steps: int, tol: float) -> dict:
+    """Everything the census records about one file (run in the worker process)."""
+    record: dict = {"seconds": {}}
+    start = time.perf_counter()
+    try:
+        mjm = mujoco.MjModel.from_xml_path(path)
+    except Exception as e:  # noqa: BLE001 - any compile failure is recorded
+        return record | {"status": "not_compiled", "compile_error": harness.reason(e)}
+    record["seconds"]["compile"] = time.perf_counter() - start
+    record["size"] = {k: int(getattr(mjm, k)) for k in ("nq", "nv", "nu", "na", "nbody", "ngeom", "nsensor")}
+    record["options"] = harness.solver_settings(mjm) | {"cone": mujoco.mjtCone(mjm.opt.cone).name}
+    try:
+        m = diffmj.put_model(mjm, dtype=torch.float64)
+    except NotImplementedError as e:
+        return record | {"status": "refused", "refusal": str(e), "feature": feature(str(e))}
+    except Exception as e:  # noqa: BLE001 - a crash of put_model is a diffmj bug to record
+        return record | {"status": "error", "stage": "put_model", "error": harness.reason(e)}
+    start = time.perf_counter()
+    effort: dict = {}
+    try:
+        errors = compare_model(mjm, m, states, steps, effort)
+        worst_of = {part: max_error(values) for part, values in errors.items()}
+        matches = all(worst_of[part] <= tol for part in ("forward", "step"))  # False for NaN
+        record["diagnosis"] = {} if matches else diagnose(mjm, states, steps)
+    except Exception as e:  # noqa: BLE001 - a crash while simulating is a diffmj bug to record
+        return record | {"status": "error", "stage": "simulate", "error": harness.reason(e)}
+    record["seconds"]["simulate"] = time.perf_counter() - start
+    return record | {
+        "status": "match" if matches else "mismatch",
+        "errors": errors,
+        "worst": worst_of,
+        "mujoco_solver": effort,
+        "diverges": not worst_of["rollout"] <= tol,
+    }
+
+
+def compare_model(mjm: mujoco.MjModel, m: diffmj.Model, states: int, steps: int, effort: dict) -> dict:
+    """``compare_state``'s worst errors over ``states`` initial states."""
+    errors: dict = {"forward": {}, "step": {}, "rollout": {}}
+    for seed in range(states):
+        for part, values in compare_state(mjm, m, initial_state(mjm, seed), steps, effort).items():
+            worst(values, errors[part])
+    return errors
+
+
+# Settings under which a mismatch is compared again, each where it changes the model: MuJoCo C's
+# general convex collision converged (diffmj's converges on its own, with no such option), and a
+# solver budget within which both solvers converge instead of stopping where their paths part.
+DIAGNOSES = {
+    "ccd_tolerance 1e-14": (lambda mjm: convex_pair(mjm) is not None, {"ccd_tolerance": 1e-14, "ccd_iterations": 1000}),
+    "iterations 100, ls_iterations 50": (lambda mjm: mjm.opt.iterations < 100 or mjm.opt.ls_iterations < 50,
+                                         {"iterations": 100, "ls_iterations": 50}),
+}
+
+
+def diagnose(mjm: mujoco.MjModel, states: int, steps: int) -> dict[str, float]:
+    """The worst error over ``forward`` and ``step`` under each of the ``DIAGNOSES`` that applies to
+    ``mjm``: one within the tolerance names the cause of a mismatch."""
+    out = {}
+    for name, (applies, options) in DIAGNOSES.items():
+        if applies(mjm):
+            variant = copy.copy(mjm)
+            for option, value in options.items():
+                setattr(variant.opt, option, max(value, getattr(variant.opt, option)) if "iterations" in option
+                        else value)
+            errors = compare_model(variant, diffmj.put_model(variant, dtype=torch.float64), states, steps, {})
+            out[name] = max(max_error(errors["forward"]), max_error(errors["step"]))
+    return out
+
+
+def serve(states: int, steps: int, tol: float) -> None:
+    """The worker: examine each path read from stdin, answering with one JSON line per path."""
+    torch.set_num_threads(1)
+    for line in sys.stdin:
+        print(harness.JSON_PREFIX + json.dumps(jsonable(examine(line.rstrip("\n"), states, steps, tol))), flush=True)
+
+
+class Worker:
+    """A worker process (``census.py --serve``), replaced when a model runs past the timeout or kills it."""
+
+    def __init__(self, states: int, steps: int, tol: float):
+        self.command = [sys.executable, __file__, "--serve", "--states", str(states), "--steps", str(steps),
+                        "--tol", repr(tol)]
+        self.process = None
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.results: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, args=(self.process.stdout, self.results), daemon=True).start()
+
+    @staticmethod
+    def _read(stream, results: queue.Queue) -> None:
+        for line in stream:
+            if line.startswith(harness.JSON_PREFIX):
+                results.put(json.loads(line[len(harness.JSON_PREFIX):]))
+        results.put(None)  # the worker exited
+
+    def examine(self, path: Path, timeout: float) -> dict:
+        if self.process is None or self.process.poll() is not None:
+            self._start()
+        start = time.perf_counter()
+        self.process.stdin.write(f"{path}\n")
+        self.process.stdin.flush()
+        try:
+            result = self.results.get(timeout=timeout)
+        except queue.Empty:
+            result = {"status": "timeout", "error": f"no result after {timeout:g} s"}
+        else:
+            if result is not None:
+                return result
+            result = {"status": "error", "stage": "worker", "error": f"worker died (exit code {self.process.wait()})"}
+        self.close()
+        return result | {"seconds": {"total": time.perf_counter() - start}}
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+def collections(specs: list[str]) -> dict[str, Path]:
+    """``NAME=DIR`` (or ``DIR``, named after its last part) -> {name: directory}."""
+    out = {}
+    for spec in specs:
+        name, _, folder = spec.rpartition("=")
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise ValueError(f"not a directory: {folder}")
+        out[name or folder.name] = folder
+    return out
+
+
+def fmt_error(x: float | str | None) -> str:
+    """An error for a table: blank when absent, "nan" / "inf" as written by ``jsonable``."""
+    return "" if x is None else x if isinstance(x, str) else f"{x:.1e}"
+
+
+def describe(record: dict) -> str:
+    """A record's status and its reason or errors, on one line."""
+    status = record["status"]
+    if status == "refused":
+        return f"refused: {record['refusal']}"
+    if status in ("match", "mismatch"):
+        worst_of = record["worst"]
+        return (f"{status}: forward {fmt_error(worst_of['forward'])}, step {fmt_error(worst_of['step'])}, "
+                f"rollout {fmt_error(worst_of['rollout'])}")
+    return f"{status}: {record.get('error') or record.get('compile_error')}"
+
+
+def summary_tables(records: list[dict], tol: float) -> str:
+    """Markdown: counts per collection, refusals ranked by the models they block, the loaded models."""
+    models = [r for r in records if status(r) not in ("not_compiled", "static")]
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for r in records:
+        counts[r["collection"]][status(r)] += 1
+    total = sum(counts.values(), Counter())
+    lines = [f"{len(models)} models with degrees of freedom compiled by MuJoCo ({total['static']} static ones "
+             f"and {total['not_compiled']} files that did not compile set aside); loaded by diffmj: "
+             f"{sum(status(r) not in ('refused', 'timeout') for r in models)}; match MuJoCo C within {tol:g}: "
+             f"{total['match']}.", ""]
+    lines += ["| collection | models | match | mismatch | refused | error | timeout | (static) | (not compiled) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    columns = [s for s in STATUSES if s not in ("static", "not_compiled")] + ["static", "not_compiled"]
+    for name, c in list(counts.items()) + [("**all**", total)]:
+        lines.append(f"| {name} | {sum(c[s] for s in columns[:-2])} | " + " | ".join(str(c[s]) for s in columns) + " |")
+
+    refused = [r for r in models if r["status"] == "refused"]
+    by_feature: dict[str, list[dict]] = defaultdict(list)
+    for r in refused:
+        by_feature[r["feature"]].append(r)
+    lines += ["", f"Refusals ({len(refused)} models), each model under the first feature `put_model` refuses:", "",
+              "| feature (put_model's message, element names dropped) | models | collections | e.g. |",
+              "|---|---:|---|---|"]
+    for name, group in sorted(by_feature.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        cols = Counter(r["collection"] for r in group)
+        where = ", ".join(f"{c} {n}" for c, n in cols.most_common())
+        lines.append(f"| `{name}` | {len(group)} | {where} | {group[0]['collection']}/{group[0]['model']} |")
+
+    compared = [r for r in models if status(r) in ("match", "mismatch")]
+    bands = Counter(next(i for i, bound in enumerate(ERROR_BANDS) if error_of(r) <= bound) for r in compared)
+    lines += ["", f"Worst error over `forward` and `step` of the {len(compared)} simulated models: " + ", ".join(
+        f"{bands[i]} {label}" for i, label in enumerate(("<= 1e-12", "<= 1e-9", "<= 1e-6", "> 1e-6 (or NaN)")))
+        + f"; the free rollout stays within {tol:g} on {sum(not r['diverges'] for r in compared)}."]
+
+    loaded = [r for r in models if status(r) in ("match", "mismatch", "error")]
+    lines += ["", f"Loaded models ({len(loaded)}): worst error over the fields of `forward` and `step`, and "
+              "of the free `rollout` (a mismatch shows its worst error again under `DIAGNOSES`' settings); "
+              "MuJoCo C's most contacts, and solver iterations and line-search evaluations used of those "
+              "allowed (`opt.iterations`, `opt.ls_iterations`):", "",
+              "| collection | model | nq | nv | nu | status | forward | step | rollout | C: ncon, iterations, ls | s |",
+              "|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|"]
+    for r in loaded:
+        size, worst_of, effort = r.get("size", {}), r.get("worst", {}), r.get("mujoco_solver")
+        shown = r["status"] if r["status"] != "error" else f"error ({r['stage']}): {r['error'][:80]}"
+        solver = (f"{effort['ncon']}, {effort['iterations']}/{r['options']['iterations']}, "
+                  f"{effort['ls_evals']}/{r['options']['ls_iterations']}" if effort else "")
+        if effort and effort["resets"]:
+            solver += f"; C reset an unstable state {effort['resets']}x"
+        if r.get("diagnosis"):
+            shown += " (" + "; ".join(f"{name}: {fmt_error(err)}" for name, err in r["diagnosis"].items()) + ")"
+        lines.append(f"| {r['collection']} | {r['model']} | {size.get('nq', '')} | {size.get('nv', '')} | "
+                     f"{size.get('nu', '')} | {shown} | {fmt_error(worst_of.get('forward'))} | "
+                     f"{fmt_error(worst_of.get('step'))} | {fmt_error(worst_of.get('rollout'))} | {solver} | "
+                     f"{r['seconds'].get('simulate', 0):.0f} |")
+    return "\n".join(lines)
+
+
+def error_of(record: dict) -> float:
+    """A compared record's worst error over ``forward`` and ``step`` (inf for NaN, written "nan")."""
+    values = [record["worst"][part] for part in ("forward", "step")]
+    return max(float("inf") if isinstance(v, str) else v for v in values)
+
+
+def jsonable(x):
+    """``x`` with non-finite floats as strings (JSON has no NaN)."""
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, float) and not np.isfinite(x):
+        return str(x)
+    return x
+
+
+def run_census(folders: dict[str, Path], timeout: float, states: int, steps: int, tol: float,
+               exclude: list[str] = (), out: Path | None = None, header: dict | None = None) -> list[dict]:
+    """Examine every MJCF file of ``folders`` (but those ``exclude`` matches); print a line per model;
+    write JSON after each when ``out``."""
+    files = [(name, folder, path) for name, folder in folders.items() for path in model_files(folder, exclude)]
+    worker = Worker(states, steps, tol)
+    records = []
+    try:
+        for i, (name, folder, path) in enumerate(files, 1):
+            record = {"collection": name, "model": str(path.relative_to(folder))}
+            record |= worker.examine(path, timeout)
+            records.append(record)
+            print(f"[{i}/{len(files)}] {name}/{record['model']}: {describe(record)}", flush=True)
+            if out is not None:
+                out.write_text(json.dumps(jsonable((header or {}) | {"records": records}), indent=1) + "\n")
+    finally:
+        worker.close()
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="*", help="NAME=DIR or DIR: collections of MJCF files, searched recursively")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed to one model")
+    parser.add_argument("--states", type=int, default=2, help="initial states per model")
+    parser.add_argument("--steps", type=int, default=10, help="steps per initial state")
+    parser.add_argument("--tol", type=float, default=TOL, help="largest error of a match")
+    parser.add_argument("--exclude", nargs="*", default=[], metavar="PATTERN",
+                        help="skip files whose path in their collection matches (fnmatch; --table: leave out)")
+    parser.add_argument("--out", type=Path, default=BENCH / "results" / "census.json")
+    parser.add_argument("--table", type=Path, nargs="+", help="print the tables of these results and exit")
+    parser.add_argument("--merged", type=Path, help="with --table: write the results as one JSON here")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the worker process
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.states, args.steps, args.tol)
+        return
+    if args.table:
+        runs = [json.loads(path.read_text()) for path in args.table]
+        records = [r for run in runs for r in run["records"] if not excluded(r["model"], args.exclude)]
+        tol = max(run["settings"]["tol"] for run in runs)
+        if args.merged:  # each run's machine and settings, then every record
+            parts = [{k: v for k, v in run.items() if k != "records"} for run in runs]
+            merged = {"runs": parts, "settings": {"tol": tol, "exclude": args.exclude}, "records": records}
+            args.merged.write_text(json.dumps(merged, indent=1) + "\n")
+        print(summary_tables(records, tol))
+        return
+    if not args.folders:
+        parser.error("name at least one folder (or --table)")
+    folders = collections(args.folders)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "table", "merged", "serve")} | {"folders": {
+        k: str(v) for k, v in folders.items()}}
+    header = {"machine": machine_info(), "settings": settings}
+    records = run_census(folders, args.timeout, args.states, args.steps, args.tol, args.exclude, args.out, header)
+    header["machine"]["load_average_end"] = os.getloadavg()
+    args.out.write_text(json.dumps(jsonable(header | {"records": records}), indent=1) + "\n")
+    print(summary_tables(records, args.tol))
+
+
+if __name__ == "__main__":
+    main()
