@@ -1,4 +1,4 @@
-"""benchmarks/census.py on a tiny collection: a matching model, a refused one, a fragment that does not
+"""benchmarks/census.py on a tiny collection: a matching model, two refused ones, a fragment that does not
 compile and a file that is not MJCF; its records say what happened. The census's figures are the
 benchmark's, not a test's."""
 
@@ -18,10 +18,11 @@ _spec = importlib.util.spec_from_file_location("census_benchmark", ROOT / "bench
 census = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(census)
 
-FLUID = """<mujoco><option density="1.2"/>
+NOSLIP = """<mujoco><option noslip_iterations="5"/>
   <worldbody><body><freejoint/><geom name="ball" size=".1"/></body></worldbody></mujoco>"""
-MUSCLE = """<mujoco><worldbody><body><joint name="hinge" range="-1 1"/><geom size=".1" pos="0 0 .5"/></body></worldbody>
-  <actuator><muscle name="biceps" joint="hinge"/></actuator></mujoco>"""
+TENDON = """<mujoco><worldbody><site name="s0"/>
+  <body><joint name="hinge"/><geom size=".1" pos="0 0 .5"/><site name="s1" pos="0 0 .5"/></body></worldbody>
+  <tendon><spatial name="string"><site site="s0"/><site site="s1"/></spatial></tendon></mujoco>"""
 FRAGMENT = """<mujoco><worldbody><body childclass="missing"><geom size=".1"/></body></worldbody></mujoco>"""
 INCLUDE = """<mujocoinclude><geom size=".1"/></mujocoinclude>"""
 STATIC = """<mujoco><worldbody><geom type="box" size=".1 .1 .1"/></worldbody></mujoco>"""
@@ -32,7 +33,7 @@ def records(tmp_path_factory) -> dict[str, dict]:
     folder = tmp_path_factory.mktemp("census")
     shutil.copy(ROOT / "tests" / "models" / "pendulum.xml", folder / "pendulum.xml")
     (folder / "sub").mkdir()
-    for name, text in (("sub/fluid.xml", FLUID), ("muscle.xml", MUSCLE), ("fragment.xml", FRAGMENT),
+    for name, text in (("sub/noslip.xml", NOSLIP), ("tendon.xml", TENDON), ("fragment.xml", FRAGMENT),
                        ("include.xml", INCLUDE), ("static.xml", STATIC)):
         (folder / name).write_text(text)
     out = census.run_census({"tiny": folder}, timeout=300, states=1, steps=2, tol=census.TOL)
@@ -40,7 +41,7 @@ def records(tmp_path_factory) -> dict[str, dict]:
 
 
 def test_census_finds_the_mjcf_files_recursively(records):
-    assert sorted(records) == ["fragment.xml", "muscle.xml", "pendulum.xml", "static.xml", "sub/fluid.xml"]  # not include.xml
+    assert sorted(records) == ["fragment.xml", "pendulum.xml", "static.xml", "sub/noslip.xml", "tendon.xml"]  # not include.xml
     assert {r["collection"] for r in records.values()} == {"tiny"}
 
 
@@ -55,12 +56,12 @@ def test_census_matches_a_supported_model(records):
 
 
 def test_census_reports_refusals_by_feature(records):
-    fluid, muscle = records["sub/fluid.xml"], records["muscle.xml"]
-    assert fluid["status"] == muscle["status"] == "refused"
-    assert fluid["refusal"] == "fluid forces (option density / viscosity) is not supported by diffmj"
-    assert fluid["feature"] == "fluid forces (option density / viscosity)"
-    assert "'biceps'" in muscle["refusal"] and muscle["feature"] == "actuator: dynamics 'muscle'"
-    assert "errors" not in fluid
+    noslip, tendon = records["sub/noslip.xml"], records["tendon.xml"]
+    assert noslip["status"] == tendon["status"] == "refused"
+    assert noslip["refusal"] == "option noslip_iterations > 0 (noslip solver) is not supported by diffmj"
+    assert noslip["feature"] == "option noslip_iterations > 0 (noslip solver)"
+    assert "'string'" in tendon["refusal"] and tendon["feature"] == "tendon: spatial tendons"
+    assert "errors" not in noslip
 
 
 def test_census_sets_static_models_aside(records):
@@ -79,7 +80,7 @@ def test_summary_ranks_refusals_and_counts_collections(records):
     assert "3 models with degrees of freedom compiled by MuJoCo (1 static ones and 1 files" in table
     assert "loaded by diffmj: 1; match MuJoCo C within 1e-09: 1." in table
     assert "| tiny | 3 | 1 | 0 | 2 | 0 | 0 | 1 | 1 |" in table
-    assert "| `actuator: dynamics 'muscle'` | 1 | tiny 1 | tiny/muscle.xml |" in table
+    assert "| `tendon: spatial tendons` | 1 | tiny 1 | tiny/tendon.xml |" in table
 
 
 @pytest.mark.parametrize("message, expected", [
