@@ -1,0 +1,248 @@
+"""Spatial tendons against MuJoCo C, float64: site paths, sphere and cylinder wrapping with and
+without side sites, pulleys, and what reads a tendon (passive forces, limits, actuators, sensors).
+
+Models are written here: ``WRAPS`` (every kind of span on a two-link arm and a free box) and
+``BALL_IN_CUP`` (dm_control's ball-in-cup task, a string between a cup and a ball). Random states
+are wide (scale 1) so that each wrap is made in some states and broken in others
+(test_every_wrap_is_made_and_broken checks it).
+"""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+import pytest
+import torch
+
+import diffmj
+from diffmj.forward import fwd_position
+from diffmj.smooth import tendon
+from tests.conftest import TOL, assert_close, check_stage, compare_rows, match_efc, random_state
+from tests.test_constraint import MAKE, REFERENCE
+
+WRAPS = """
+<mujoco>
+  <option timestep="0.005"/>
+  <worldbody>
+    <site name="anchor" pos="0 0 1"/>
+    <body name="upper" pos="0 0 1">
+      <joint name="shoulder_y" axis="0 1 0" damping=".1"/>
+      <joint name="shoulder_x" axis="1 0 0" damping=".1"/>
+      <geom type="capsule" fromto="0 0 0 .5 0 0" size=".05"/>
+      <geom name="ball" type="sphere" pos=".25 0 0" size=".08" contype="0" conaffinity="0"/>
+      <geom name="drum" type="cylinder" pos=".25 0 0" size=".06 .1" zaxis="0 1 0" contype="0" conaffinity="0"/>
+      <site name="side" pos=".25 0 .2"/>
+      <site name="upper" pos=".1 0 .1"/>
+      <body name="lower" pos=".5 0 0">
+        <joint name="elbow" axis="0 1 0" damping=".1"/>
+        <joint name="extend" type="slide" axis="1 0 0" damping=".1" range="-.1 .1"/>
+        <geom type="capsule" fromto="0 0 0 .5 0 0" size=".05"/>
+        <site name="lower_mid" pos=".3 0 .05"/>
+        <site name="lower_tip" pos=".5 0 -.05"/>
+      </body>
+    </body>
+    <body name="box" pos="1 0 .5">
+      <freejoint/>
+      <geom type="box" size=".1 .1 .1"/>
+      <site name="box" pos="0 0 .1"/>
+    </body>
+  </worldbody>
+  <tendon>
+    <spatial name="sites" stiffness="30" damping="2" springlength=".5 .9" limited="true" range="0 1.6">
+      <site site="anchor"/><site site="upper"/><site site="lower_mid"/><site site="box"/>
+    </spatial>
+    <spatial name="sphere" stiffness="20" damping="1">
+      <site site="anchor"/><geom geom="ball"/><site site="lower_mid"/>
+    </spatial>
+    <spatial name="sphere_side">
+      <site site="anchor"/><geom geom="ball" sidesite="side"/><site site="lower_tip"/>
+    </spatial>
+    <spatial name="cylinder_side" limited="true" range="0 1.3">
+      <site site="anchor"/><geom geom="drum" sidesite="side"/><site site="lower_mid"/>
+    </spatial>
+    <spatial name="pulley" limited="true" range="0 1.1" frictionloss=".1">
+      <site site="anchor"/><site site="upper"/>
+      <pulley divisor="2"/>
+      <site site="upper"/><site site="lower_mid"/>
+      <pulley divisor="3"/>
+      <site site="upper"/><geom geom="drum"/><site site="lower_tip"/>
+    </spatial>
+    <fixed name="fixed"><joint joint="shoulder_y" coef="1"/><joint joint="elbow" coef="-.5"/></fixed>
+  </tendon>
+  <actuator>
+    <motor tendon="sphere" gear="2"/>
+    <position tendon="pulley" kp="10"/>
+    <motor tendon="cylinder_side"/>
+  </actuator>
+  <sensor>
+    <tendonpos tendon="cylinder_side"/><tendonvel tendon="pulley"/><tendonactuatorfrc tendon="sphere"/>
+    <tendonlimitpos tendon="sites"/>
+  </sensor>
+</mujoco>
+"""
+
+# dm_control's suite/ball_in_cup.xml with its materials and visual defaults left out
+BALL_IN_CUP = """
+<mujoco model="ball in cup">
+  <option timestep="0.02"/>
+  <default>
+    <motor ctrllimited="true" ctrlrange="-1 1" gear="1"/>
+    <default class="cup">
+      <joint type="slide" damping="3" stiffness="20"/>
+      <geom type="capsule" size=".008"/>
+    </default>
+  </default>
+  <worldbody>
+    <geom name="ground" type="plane" pos="0 0 0" size=".6 .2 10"/>
+    <body name="cup" pos="0 0 .6" childclass="cup">
+      <joint name="cup_x" axis="1 0 0"/>
+      <joint name="cup_z" axis="0 0 1"/>
+      <geom name="cup_part_0" fromto="-.05 0 0 -.05 0 -.075"/>
+      <geom name="cup_part_1" fromto="-.05 0 -.075 -.025 0 -.1"/>
+      <geom name="cup_part_2" fromto="-.025 0 -.1 .025 0 -.1"/>
+      <geom name="cup_part_3" fromto=".025 0 -.1 .05 0 -.075"/>
+      <geom name="cup_part_4" fromto=".05 0 -.075 .05 0 0"/>
+      <site name="cup" pos="0 0 -.108" size=".005"/>
+    </body>
+    <body name="ball" pos="0 0 .2">
+      <joint name="ball_x" type="slide" axis="1 0 0"/>
+      <joint name="ball_z" type="slide" axis="0 0 1"/>
+      <geom name="ball" type="sphere" size=".025"/>
+      <site name="ball" size=".005"/>
+    </body>
+  </worldbody>
+  <actuator>
+    <motor name="x" joint="cup_x"/>
+    <motor name="z" joint="cup_z"/>
+  </actuator>
+  <tendon>
+    <spatial name="string" limited="true" range="0 0.3" width="0.001">
+      <site site="cup"/>
+      <site site="ball"/>
+    </spatial>
+  </tendon>
+</mujoco>
+"""
+
+MODELS = {"wraps": WRAPS, "ball_in_cup": BALL_IN_CUP}
+SEEDS = range(6)
+SCALE = 1.0  # random_state's pose scale: wide enough to make and break every wrap
+FORWARD_FIELDS = ("ten_length", "ten_J", "ten_velocity", "actuator_length", "actuator_moment",
+                  "actuator_velocity", "qfrc_spring", "qfrc_damper", "qfrc_passive", "qfrc_actuator", "qM")
+
+
+def _model(name: str) -> mujoco.MjModel:
+    return mujoco.MjModel.from_xml_string(MODELS[name])
+
+
+def _state(mjm: mujoco.MjModel, seed: int) -> mujoco.MjData:
+    mjd = random_state(mjm, seed, scale=SCALE)
+    mujoco.mj_forward(mjm, mjd)
+    return mjd
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", MODELS)
+def test_tendon_stage_matches_mujoco(name, seed):
+    mjm = _model(name)
+    check_stage(tendon, diffmj.put_model(mjm), _state(mjm, seed), ("ten_length", "ten_J"))
+
+
+def test_every_wrap_is_made_and_broken():
+    """Over the test states, each wrapping tendon passes its geom in some and goes straight in others."""
+    mjm = _model("wraps")
+    wrapped = np.array([_state(mjm, seed).ten_wrapnum for seed in SEEDS])  # path points per tendon
+    for name in ("sphere", "sphere_side", "cylinder_side"):
+        t = mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_TENDON, name)
+        assert set(wrapped[:, t]) == {2, 4}, f"{name}: path points {wrapped[:, t]}"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", MODELS)
+def test_forward_matches_mujoco(name, seed):
+    """What reads the tendons: transmissions, springs and dampers (the deadband of springlength),
+    limit and friction rows, sensors, and the constrained acceleration."""
+    mjm = _model(name)
+    m = diffmj.put_model(mjm)
+    mjd = _state(mjm, seed)
+    out = diffmj.forward(m, diffmj.put_data(m, mjd))
+    ref = diffmj.put_data(m, mjd)
+    for field in FORWARD_FIELDS:
+        assert_close(field, getattr(out, field), getattr(ref, field))
+    assert_close("sensordata", out.sensordata, mjd.sensordata, TOL["sensor"], empty_ok=True)
+    compare_rows(m, out, mjd, MAKE + REFERENCE, TOL["rows"])
+    ours, theirs = match_efc(m, out, mjd)
+    scale = max(1.0, np.abs(mjd.qacc).max())
+    assert_close("qacc", out.qacc / scale, mjd.qacc / scale, TOL["solver"])
+    scale = max(1.0, np.abs(mjd.efc_force).max(initial=0))
+    assert_close("efc_force", out.efc_force[ours] / scale, mjd.efc_force[theirs] / scale, TOL["solver"], empty_ok=True)
+
+
+def test_tendon_rows_are_tested():
+    """The states above activate tendon limits (and ball_in_cup's string pulls)."""
+    for name in MODELS:
+        mjm = _model(name)
+        limits = [np.sum(_state(mjm, s).efc_type == mujoco.mjtConstraint.mjCNSTR_LIMIT_TENDON) for s in SEEDS]
+        assert max(limits) > 0, name
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_steps_match_mujoco(name):
+    """Each step from MuJoCo's state, then diffmj's own rollout of a few steps."""
+    mjm = _model(name)
+    m = diffmj.put_model(mjm)
+    mjd = _state(mjm, 0)
+    d = diffmj.put_data(m, mjd)
+    for k in range(5):
+        stepped = diffmj.step(m, diffmj.put_data(m, mjd))
+        d = diffmj.step(m, d)
+        mujoco.mj_step(mjm, mjd)
+        for field in ("qpos", "qvel"):
+            assert_close(f"step {k} {field}", getattr(stepped, field), getattr(mjd, field), TOL["solver"])
+            assert_close(f"rollout {k} {field}", getattr(d, field), getattr(mjd, field), TOL["solver"])
+
+
+def _batch(mjm: mujoco.MjModel, m: diffmj.Model, seeds) -> diffmj.Data:
+    """Data [len(seeds)] at random_state's states (pose, velocity, controls)."""
+    states = [random_state(mjm, seed, scale=SCALE) for seed in seeds]
+    return diffmj.make_data(m, (len(states),)).replace(**{
+        name: torch.as_tensor(np.stack([getattr(s, name) for s in states]), dtype=m.dtype)
+        for name in ("qpos", "qvel", "ctrl")
+    })
+
+
+def test_vmap_equals_loop():
+    mjm = _model("wraps")
+    m = diffmj.put_model(mjm)
+    batch = _batch(mjm, m, range(4))
+    out = torch.vmap(diffmj.forward, in_dims=(None, 0))(m, batch)
+    for k in range(4):
+        one = diffmj.forward(m, batch[k])
+        for field in ("ten_length", "ten_J", "qfrc_passive", "qacc"):
+            assert_close(f"{k} {field}", getattr(out, field)[k], getattr(one, field), TOL["batch"])
+
+
+def test_compiled_tendon_stage_equals_eager():
+    mjm = _model("wraps")
+    m = diffmj.put_model(mjm)
+    batch = torch.vmap(fwd_position, in_dims=(None, 0))(m, _batch(mjm, m, range(4)))
+
+    def stage(m, d):
+        out = tendon(m, d)
+        return out.ten_length, out.ten_J
+
+    compiled = torch.compile(torch.vmap(stage, in_dims=(None, 0)), fullgraph=True)(m, batch)
+    eager = torch.vmap(stage, in_dims=(None, 0))(m, batch)
+    for name, a, b in zip(("ten_length", "ten_J"), compiled, eager):
+        assert_close(name, a, b, TOL["compiled"])
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_eager():
+    mjm = _model("wraps")
+    m = diffmj.put_model(mjm)
+    batch = _batch(mjm, m, range(4))
+    compiled = torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True)(m, batch)
+    eager = torch.vmap(diffmj.step, in_dims=(None, 0))(m, batch)
+    for name in ("qpos", "qvel"):
+        assert_close(name, getattr(compiled, name), getattr(eager, name), TOL["compiled"])
