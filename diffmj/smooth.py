@@ -165,7 +165,8 @@ def _tendon_spans(m: Model, d: Data, spans) -> tuple[Tensor, Tensor]:
     if spans.wrap_type != WrapType.NONE:
         geom = spans.geom
         wrapped, arc, t0, t1 = wrap(x0, x1, d.geom_xpos[geom], d.geom_xmat[geom], m.geom_size[geom, 0],
-                                    d.site_xpos[spans.sidesite], spans.has_side, spans.wrap_type == WrapType.SPHERE)
+                                    d.site_xpos[spans.sidesite], spans.has_side, spans.wrap_type == WrapType.SPHERE,
+                                    m.early_exit)
         length_in, j_in = segment(x0, body0, t0, geom_body[geom], spans.moving_in)
         length_out, j_out = segment(t1, geom_body[geom], x1, body1, spans.moving_out)
         length = torch.where(wrapped, length_in + arc + length_out, length)

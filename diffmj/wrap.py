@@ -22,12 +22,11 @@ import math as pymath
 import torch
 from torch import Tensor
 
-from diffmj import math
+from diffmj import math, workarounds
 from diffmj.math import MINVAL
 
 # wrap_inside's Newton iteration (MuJoCo's constants)
 _INSIDE_ITERATIONS = 20
-_INSIDE_Z0 = 1 - 1e-7
 _INSIDE_TOLERANCE = 1e-6
 _INTERSECTING = -10000.0  # wrap_circle's goodness of a solution whose segments cross
 
@@ -115,13 +114,17 @@ def wrap_circle(end0: Tensor, end1: Tensor, side: Tensor, has_side: Tensor, radi
     return wrapped, _arc_length(tangent0, tangent1, second, radius), tangent0, tangent1
 
 
-def wrap_inside(end0: Tensor, end1: Tensor, radius: Tensor):
+def wrap_inside(end0: Tensor, end1: Tensor, radius: Tensor, early_exit: bool = True):
     """The tendon from end0 to end1 [k, 2] pressed against the inside of the circle (wrap_inside).
 
-    Both tangent points are one point, where asin(A z) + asin(B z) - 2 asin(z) + G = 0
-    (A, B: radius over the ends' distances, G: the angle between the ends); MuJoCo's
-    Newton iteration finds it, and where that fails the point between the ends is used.
-    Returns (wrapped [k] bool, arc length (0) [k], the point [k, 2] twice).
+    Both tangent points are one point, at angle asin(z) - asin(A z) from an end, where
+    g(t) = asin(A sin t) + asin(B sin t) - 2 t + G = 0 with z = sin t (A, B: radius over the
+    ends' distances, G: the angle between the ends). Newton's method finds t from pi / 2;
+    where it fails, the point between the ends is used. (MuJoCo 4.0 iterates on t from
+    pi / 2, measured against it: the 3.12 source iterates on z from 1 - 1e-7, whose
+    derivative is infinite at 1, and stops elsewhere within the tolerance.)
+    ``early_exit`` as in ``wrap``. Returns (wrapped [k] bool, arc length (0) [k], the point
+    [k, 2] twice).
     """
     len0, len1 = math.safe_norm(end0), math.safe_norm(end1)
     dif = end1 - end0
@@ -141,37 +144,48 @@ def wrap_inside(end0: Tensor, end1: Tensor, radius: Tensor):
     use_fallback = cos_g > 1 - MINVAL
     angle_g = _safe_acos(cos_g)
 
-    def residual(z: Tensor) -> Tensor:
-        return torch.asin(coef_a * z) + torch.asin(coef_b * z) - 2 * torch.asin(z) + angle_g
+    def residual(t: Tensor, a: Tensor, b: Tensor, angle: Tensor) -> Tensor:
+        z = torch.sin(t)
+        return torch.asin(a * z) + torch.asin(b * z) - 2 * t + angle
 
-    def rsqrt_floor(x: Tensor) -> Tensor:
-        return 1 / math.safe_sqrt(x).clamp(min=MINVAL)
+    def slope(t: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        z, dz = torch.sin(t), torch.cos(t)
+        return (a * dz / math.safe_sqrt(1 - (a * z) ** 2).clamp(min=MINVAL)
+                + b * dz / math.safe_sqrt(1 - (b * z) ** 2).clamp(min=MINVAL) - 2)
 
-    z = torch.full_like(radius, _INSIDE_Z0)
-    f = residual(z)
-    use_fallback = use_fallback | (f > 0)
-    running = ~(fails | use_fallback)
-    steps = torch.zeros_like(radius)
-    for _ in range(_INSIDE_ITERATIONS):
-        step = running & (f.abs() > _INSIDE_TOLERANCE)
-        slope = (coef_a * rsqrt_floor(1 - z * z * coef_a * coef_a) + coef_b * rsqrt_floor(1 - z * z * coef_b * coef_b)
-                 - 2 * rsqrt_floor(1 - z * z))
-        bad_slope = slope > -MINVAL
-        z_next = z - f / torch.where(bad_slope, -1.0, slope)
-        bad = bad_slope | (z_next > z)
-        update = step & ~bad
-        z = torch.where(update, z_next, z)
-        f = torch.where(update, residual(z), f)
-        bad = bad | (f > _INSIDE_TOLERANCE)
-        use_fallback = use_fallback | (step & bad)
-        running = running & ~(step & bad)
-        steps = steps + step.to(steps.dtype)
+    # the iteration runs on constants (never differentiated through: it may be a compiled loop);
+    # the root's derivative is the implicit function theorem's, dt = -dg / g'(t), added below
+    coefs = (coef_a.detach(), coef_b.detach(), angle_g.detach())
+    t = torch.full_like(cos_g, pymath.pi / 2).detach()  # batched like the ends (a compiled loop needs it)
+    g = residual(t, *coefs)
+    use_fallback = use_fallback | (g > 0)
+    steps = torch.zeros_like(g)
+
+    def iterate(carry):
+        """One Newton step where still running; a failed step leaves the fallback point."""
+        done, t, g, use_fallback, steps = carry
+        dg = slope(t, *coefs[:2])
+        bad_slope = dg > -MINVAL
+        t_next = t - g / torch.where(bad_slope, -1.0, dg)
+        update = ~done & ~(bad_slope | (t_next > t))
+        t = torch.where(update, t_next, t)
+        g = torch.where(update, residual(t, *coefs), g)
+        failed = ~done & ~(update & (g <= _INSIDE_TOLERANCE))
+        steps = steps + (~done).to(steps.dtype)
+        use_fallback = use_fallback | failed
+        return done | failed | (g.abs() <= _INSIDE_TOLERANCE), t, g, use_fallback, steps
+
+    done = fails | use_fallback | (g.abs() <= _INSIDE_TOLERANCE)
+    _, t, _, use_fallback, steps = workarounds.bounded_loop(
+        iterate, (done, t, g, use_fallback, steps), _INSIDE_ITERATIONS, early_exit=early_exit)
+    step = -residual(t, coef_a, coef_b, angle_g) / slope(t, *coefs[:2])
+    t = t + (step - step.detach())  # t's value, the root's derivative
     use_fallback = use_fallback | (steps >= _INSIDE_ITERATIONS)
 
     counterclockwise = (_cross2(end0, end1) > 0)[:, None]
     ref = torch.where(counterclockwise, end0, end1)
     coef = torch.where(counterclockwise[:, 0], coef_a, coef_b)
-    turn = torch.asin(z) - torch.asin(coef * z)
+    turn = t - torch.asin(coef * torch.sin(t))
     ref = math.normalize(ref)[0]
     cos, sin = torch.cos(turn), torch.sin(turn)
     point = radius[:, None] * torch.stack((cos * ref[:, 0] - sin * ref[:, 1], sin * ref[:, 0] + cos * ref[:, 1]), -1)
@@ -200,11 +214,13 @@ def _circle_plane(p0: Tensor, p1: Tensor, sphere: bool) -> tuple[Tensor, Tensor]
 
 
 def wrap(x0: Tensor, x1: Tensor, pos: Tensor, mat: Tensor, radius: Tensor, side: Tensor, has_side: Tensor,
-         sphere: bool):
+         sphere: bool, early_exit: bool = True):
     """Wrap spans x0 -> x1 [k, 3] around spheres or cylinders (mju_wrap).
 
     pos [k, 3], mat [k, 3, 3], radius [k]: the geoms; side [k, 3]: side sites in world
     coordinates, used where ``has_side`` [k]. ``sphere`` (static): spheres, else cylinders.
+    ``early_exit``: the inside wrap's iteration stops once every span has converged (the
+    Model's ``early_exit``; False for no host synchronisation).
     Returns (wrapped [k] bool, wrap length [k] (the arc, or helix), tangent points
     [k, 3] and [k, 3] in world coordinates); where not wrapped the tendon is x0 -> x1.
     """
@@ -219,7 +235,7 @@ def wrap(x0: Tensor, x1: Tensor, pos: Tensor, mat: Tensor, radius: Tensor, side:
     side_plane = math.normalize(project(side_local))[0] * radius[:, None]
     inside = has_side & (math.safe_norm(side_local) < radius)
     circle = wrap_circle(end0, end1, side_plane, has_side, radius)
-    pressed = wrap_inside(end0, end1, radius)
+    pressed = wrap_inside(end0, end1, radius, early_exit)
     wrapped, length, t0, t1 = (torch.where(inside if a.dim() == 1 else inside[:, None], b, a)
                                for a, b in zip(circle, pressed))
     wrapped = wrapped & (math.safe_norm(p0) >= MINVAL) & (math.safe_norm(p1) >= MINVAL)

@@ -1,7 +1,8 @@
 """Spatial tendons against MuJoCo C, float64: site paths, sphere and cylinder wrapping with and
 without side sites, pulleys, and what reads a tendon (passive forces, limits, actuators, sensors).
 
-Models are written here: ``WRAPS`` (every kind of span on a two-link arm and a free box) and
+Models are written here: ``WRAPS`` (every kind of span on a two-link arm and a free box; side sites outside and inside
+the wrapping geoms) and
 ``BALL_IN_CUP`` (dm_control's ball-in-cup task, a string between a cup and a ball). Random states
 are wide (scale 1) so that each wrap is made in some states and broken in others
 (test_every_wrap_is_made_and_broken checks it).
@@ -16,7 +17,8 @@ import torch
 
 import diffmj
 from diffmj.forward import fwd_position
-from diffmj.smooth import tendon
+from diffmj.smooth import com_pos, kinematics, tendon
+from diffmj.wrap import wrap
 from tests.conftest import TOL, assert_close, check_stage, compare_rows, match_efc, random_state
 from tests.test_constraint import MAKE, REFERENCE
 
@@ -24,7 +26,7 @@ WRAPS = """
 <mujoco>
   <option timestep="0.005"/>
   <worldbody>
-    <site name="anchor" pos="0 0 1"/>
+    <site name="anchor" pos=".02 .06 1.1"/>
     <body name="upper" pos="0 0 1">
       <joint name="shoulder_y" axis="0 1 0" damping=".1"/>
       <joint name="shoulder_x" axis="1 0 0" damping=".1"/>
@@ -32,13 +34,14 @@ WRAPS = """
       <geom name="ball" type="sphere" pos=".25 0 0" size=".08" contype="0" conaffinity="0"/>
       <geom name="drum" type="cylinder" pos=".25 0 0" size=".06 .1" zaxis="0 1 0" contype="0" conaffinity="0"/>
       <site name="side" pos=".25 0 .2"/>
+      <site name="inside" pos=".25 .01 .02"/>
       <site name="upper" pos=".1 0 .1"/>
       <body name="lower" pos=".5 0 0">
         <joint name="elbow" axis="0 1 0" damping=".1"/>
         <joint name="extend" type="slide" axis="1 0 0" damping=".1" range="-.1 .1"/>
         <geom type="capsule" fromto="0 0 0 .5 0 0" size=".05"/>
-        <site name="lower_mid" pos=".3 0 .05"/>
-        <site name="lower_tip" pos=".5 0 -.05"/>
+        <site name="lower_mid" pos=".3 .04 .05"/>
+        <site name="lower_tip" pos=".5 -.03 -.05"/>
       </body>
     </body>
     <body name="box" pos="1 0 .5">
@@ -59,6 +62,12 @@ WRAPS = """
     </spatial>
     <spatial name="cylinder_side" limited="true" range="0 1.3">
       <site site="anchor"/><geom geom="drum" sidesite="side"/><site site="lower_mid"/>
+    </spatial>
+    <spatial name="sphere_inside" stiffness="10">
+      <site site="anchor"/><geom geom="ball" sidesite="inside"/><site site="lower_mid"/>
+    </spatial>
+    <spatial name="cylinder_inside">
+      <site site="anchor"/><geom geom="drum" sidesite="inside"/><site site="lower_tip"/>
     </spatial>
     <spatial name="pulley" limited="true" range="0 1.1" frictionloss=".1">
       <site site="anchor"/><site site="upper"/>
@@ -125,7 +134,7 @@ BALL_IN_CUP = """
 """
 
 MODELS = {"wraps": WRAPS, "ball_in_cup": BALL_IN_CUP}
-SEEDS = range(6)
+SEEDS = range(10)
 SCALE = 1.0  # random_state's pose scale: wide enough to make and break every wrap
 FORWARD_FIELDS = ("ten_length", "ten_J", "ten_velocity", "actuator_length", "actuator_moment",
                   "actuator_velocity", "qfrc_spring", "qfrc_damper", "qfrc_passive", "qfrc_actuator", "qM")
@@ -152,7 +161,7 @@ def test_every_wrap_is_made_and_broken():
     """Over the test states, each wrapping tendon passes its geom in some and goes straight in others."""
     mjm = _model("wraps")
     wrapped = np.array([_state(mjm, seed).ten_wrapnum for seed in SEEDS])  # path points per tendon
-    for name in ("sphere", "sphere_side", "cylinder_side"):
+    for name in ("sphere", "sphere_side", "cylinder_side", "sphere_inside", "cylinder_inside"):
         t = mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_TENDON, name)
         assert set(wrapped[:, t]) == {2, 4}, f"{name}: path points {wrapped[:, t]}"
 
@@ -222,7 +231,9 @@ def test_vmap_equals_loop():
             assert_close(f"{k} {field}", getattr(out, field)[k], getattr(one, field), TOL["batch"])
 
 
+@pytest.mark.slow
 def test_compiled_tendon_stage_equals_eager():
+    """The tendon stage vmapped over a batch of states, compiled (fullgraph) and eager."""
     mjm = _model("wraps")
     m = diffmj.put_model(mjm)
     batch = torch.vmap(fwd_position, in_dims=(None, 0))(m, _batch(mjm, m, range(4)))
@@ -231,8 +242,38 @@ def test_compiled_tendon_stage_equals_eager():
         out = tendon(m, d)
         return out.ten_length, out.ten_J
 
-    compiled = torch.compile(torch.vmap(stage, in_dims=(None, 0)), fullgraph=True)(m, batch)
-    eager = torch.vmap(stage, in_dims=(None, 0))(m, batch)
+    compiled = torch.compile(torch.vmap(stage, in_dims=(None, 0)), fullgraph=True, backend=backend)(m, batch)
+    return compiled, torch.vmap(stage, in_dims=(None, 0))(m, batch)
+
+
+@pytest.mark.parametrize("sphere", [True, False])
+def test_compiled_wrap_traces_as_one_graph(sphere):
+    """The wrap geometry, vmapped over random spans (outside, side-site and inside wraps, misses),
+    traces as one graph (aot_eager runs it without inductor: eager's bits, in seconds; the whole
+    stage compiled by inductor is a slow test)."""
+    gen = torch.Generator().manual_seed(0)
+    dtype = torch.float64
+
+    def rand(*shape, scale=1.0):
+        return scale * torch.randn(*shape, dtype=dtype, generator=gen)
+
+    ends0, ends1, sides = rand(16, 3, 3), rand(16, 3, 3), rand(16, 3, 3, scale=0.3)
+    pos, mat = rand(3, 3, scale=0.1), torch.linalg.qr(rand(3, 3, 3))[0]
+    radius, has_side = torch.tensor([0.3, 0.4, 0.5], dtype=dtype), torch.tensor([True, False, True])
+
+    def wrap_spans(x0, x1, side):
+        return wrap(x0, x1, pos, mat, radius, side, has_side, sphere)
+
+    compiled = torch.compile(torch.vmap(wrap_spans), fullgraph=True, backend="aot_eager")(ends0, ends1, sides)
+    eager = torch.vmap(wrap_spans)(ends0, ends1, sides)
+    assert compiled[0].any() and not compiled[0].all()
+    for name, a, b in zip(("wrapped", "length", "point0", "point1"), compiled, eager):
+        assert_close(name, a.double(), b.double(), TOL["batch"])
+
+
+@pytest.mark.slow
+def test_compiled_tendon_stage_equals_eager():
+    compiled, eager = _compile_stage("inductor")
     for name, a, b in zip(("ten_length", "ten_J"), compiled, eager):
         assert_close(name, a, b, TOL["compiled"])
 
@@ -246,3 +287,84 @@ def test_compiled_step_equals_eager():
     eager = torch.vmap(diffmj.step, in_dims=(None, 0))(m, batch)
     for name in ("qpos", "qvel"):
         assert_close(name, getattr(compiled, name), getattr(eager, name), TOL["compiled"])
+
+
+# The inside wrap's point solves its equation to MuJoCo's tolerance (|g| <= 1e-6) only, so the length
+# is stationary in that point to that order: its derivative differs from ten_J by up to this much
+# (measured 5e-8); every other span's derivative is ten_J to rounding (measured 2e-15).
+INSIDE_STATIONARITY = 1e-6
+
+
+def _length_and_data(m: diffmj.Model, qpos: torch.Tensor, d: diffmj.Data):
+    d = tendon(m, com_pos(m, kinematics(m, d.replace(qpos=qpos))))
+    return d.ten_length, d
+
+
+def test_length_derivative_is_the_tendon_jacobian():
+    """d ten_length / d qpos by autograd equals ten_J (hinge and slide dofs, where qpos and qvel agree):
+    MuJoCo's Jacobian, which moves each path point with its body, is the exact derivative of the length."""
+    mjm = _model("wraps")
+    m = diffmj.put_model(mjm)
+    scalar = [mjm.jnt_dofadr[j] for j in range(mjm.njnt) if mjm.jnt_type[j] in (2, 3)]  # slide, hinge
+    inside = [mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_TENDON, n) for n in ("sphere_inside", "cylinder_inside")]
+    for seed in SEEDS:
+        d = diffmj.put_data(m, random_state(mjm, seed, scale=SCALE))
+        derivative, out = torch.func.jacrev(_length_and_data, argnums=1, has_aux=True)(m, d.qpos, d)
+        for t in range(mjm.ntendon):
+            tol = INSIDE_STATIONARITY if t in inside else TOL["smooth"]
+            assert_close(f"seed {seed} tendon {t}", derivative[t, scalar], out.ten_J[t, scalar], tol)
+
+
+def _boundary_states(mjm: mujoco.MjModel, tendon_id: int, pairs: int = 4, tol: float = 1e-12):
+    """qpos pairs a hair (tol) apart on either side of where MuJoCo makes / breaks the tendon's wrap."""
+    mjd = mujoco.MjData(mjm)
+
+    def wraps(qpos):  # the number of path points: which spans wrap
+        mjd.qpos[:] = qpos
+        mujoco.mj_kinematics(mjm, mjd)
+        mujoco.mj_tendon(mjm, mjd)
+        return mjd.ten_wrapnum[tendon_id]
+
+    found = []
+    for seed in range(50):
+        a, b = random_state(mjm, seed, scale=SCALE).qpos.copy(), random_state(mjm, seed + 100, scale=SCALE).qpos.copy()
+        if wraps(a) == wraps(b):
+            continue
+        lo, hi = 0.0, 1.0
+        while hi - lo > tol:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if wraps((1 - mid) * a + mid * b) == wraps(a) else (lo, mid)
+        found += [(1 - lo) * a + lo * b, (1 - hi) * a + hi * b]
+        if len(found) >= 2 * pairs:
+            break
+    assert found, "no state pair with the wrap made in one and broken in the other"
+    return found
+
+
+def test_gradients_are_finite_where_wraps_make_and_break():
+    """Gradients of lengths, Jacobians and the next state in qpos, site and geom parameters, at states
+    on either side of each wrap's make / break, and at wide random poses (sites inside the wrapping
+    circles among them; the free box's quaternion is left unnormalised)."""
+    mjm = _model("wraps")
+    m = diffmj.put_model(mjm)
+    params = ("site_pos", "geom_size", "geom_pos", "wrap_prm")
+
+    def loss(qpos, values, d):
+        mm = m.replace(**dict(zip(params, values)))
+        out = diffmj.step(mm, d.replace(qpos=qpos))
+        return out.ten_length.sum() + out.ten_J.square().sum() + out.qvel.square().sum()
+
+    grad = torch.func.grad(loss, argnums=(0, 1))
+    d = diffmj.make_data(m)
+    states = {f"random {seed}": random_state(mjm, seed, scale=3.0).qpos for seed in range(10)}
+    folded = mjm.qpos0.copy()
+    folded[[mjm.jnt_qposadr[mjm.joint(j).id] for j in ("elbow", "extend")]] = np.pi, -0.05
+    states["lower_mid inside the ball and the drum"] = folded
+    for name in ("sphere", "sphere_side", "cylinder_side", "sphere_inside", "cylinder_inside", "pulley"):
+        t = mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_TENDON, name)
+        states.update({f"{name} boundary {k}": q for k, q in enumerate(_boundary_states(mjm, t, pairs=2))})
+    for label, qpos in states.items():
+        g_qpos, g_params = grad(torch.as_tensor(qpos, dtype=m.dtype), tuple(getattr(m, p) for p in params), d)
+        assert torch.isfinite(g_qpos).all(), label
+        for p, g in zip(params, g_params):
+            assert torch.isfinite(g).all(), f"{label}: d loss / d {p}"
