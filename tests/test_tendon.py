@@ -21,6 +21,7 @@ from diffmj.smooth import com_pos, kinematics, tendon
 from diffmj.wrap import wrap
 from tests.conftest import TOL, assert_close, check_stage, compare_rows, match_efc, random_state
 from tests.test_constraint import MAKE, REFERENCE
+from tests.test_setconst import perturb
 
 WRAPS = """
 <mujoco>
@@ -209,6 +210,38 @@ def test_steps_match_mujoco(name):
         for field in ("qpos", "qvel"):
             assert_close(f"step {k} {field}", getattr(stepped, field), getattr(mjd, field), TOL["solver"])
             assert_close(f"rollout {k} {field}", getattr(d, field), getattr(mjd, field), TOL["solver"])
+
+
+@pytest.mark.parametrize("integrator", ["euler", "implicit", "implicitfast", "rk4"])
+def test_steps_match_mujoco_every_integrator(integrator):
+    """Tendon damping enters the implicit integrators' velocity derivative through ten_J."""
+    mjm = _model("wraps")
+    mjm.opt.integrator = getattr(mujoco.mjtIntegrator, f"mjINT_{integrator.upper()}")
+    m = diffmj.put_model(mjm)
+    mjd = _state(mjm, 1)
+    for k in range(3):
+        stepped = diffmj.step(m, diffmj.put_data(m, mjd))
+        mujoco.mj_step(mjm, mjd)
+        for field in ("qpos", "qvel"):
+            assert_close(f"step {k} {field}", getattr(stepped, field), getattr(mjd, field), TOL["solver"])
+
+
+def test_set_const_equals_mj_setconst():
+    """tendon_length0, tendon_invweight0 and actuator_acc0 of spatial tendons after the geometry changed
+    (test_setconst's perturbation; side-site ids and armature, which spatial tendons refuse, kept)."""
+    mjm = _model("wraps")
+    side_ids, armature = mjm.wrap_prm.copy(), mjm.tendon_armature.copy()
+    perturb(mjm, seed=0)
+    sides = np.isin(mjm.wrap_type, (mujoco.mjtWrap.mjWRAP_SPHERE, mujoco.mjtWrap.mjWRAP_CYLINDER))
+    mjm.wrap_prm[sides] = side_ids[sides]
+    mjm.tendon_armature[:] = armature
+    m = diffmj.put_model(mjm)
+    mujoco.mj_setConst(mjm, mujoco.MjData(mjm))
+    new = diffmj.set_const(m)
+    for field in ("tendon_length0", "tendon_invweight0", "actuator_acc0"):
+        expected = getattr(mjm, field).reshape(getattr(m, field).shape)
+        assert not np.allclose(getattr(m, field).numpy(), expected, rtol=1e-3, atol=0), field
+        assert_close(field, getattr(new, field), expected, TOL["setconst"])
 
 
 def _batch(mjm: mujoco.MjModel, m: diffmj.Model, seeds) -> diffmj.Data:
