@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from diffmj import math, workarounds
+from diffmj.plan import TendonSpans
 from diffmj.types import Data, DisableBit, JointType, Model, WrapType
 from diffmj.wrap import wrap
 
@@ -145,8 +146,8 @@ def tendon(m: Model, d: Data) -> Data:
     return d.replace(ten_length=length, ten_J=ten_j)
 
 
-def _tendon_spans(m: Model, d: Data, spans) -> tuple[Tensor, Tensor]:
-    """Lengths [k] and Jacobians [k, nv] of spatial-tendon spans of one kind (plan.TendonSpans).
+def _tendon_spans(m: Model, d: Data, spans: TendonSpans) -> tuple[Tensor, Tensor]:
+    """Lengths [k] and Jacobians [k, nv] of spatial-tendon spans of one kind.
 
     A span's Jacobian is the difference of its end points' Jacobians along its direction,
     each point moving with its body (a tangent point with the wrapping geom's), as MuJoCo's.

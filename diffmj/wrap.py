@@ -63,8 +63,8 @@ def _arc_length(p0: Tensor, p1: Tensor, second: Tensor, radius: Tensor) -> Tenso
     ``second`` [...]: the arc of wrap_circle's second solution, which turns the other way.
     """
     angle = _safe_acos(_dot2(math.normalize(p0)[0], math.normalize(p1)[0]))
-    turn = p0[..., 1] * p1[..., 0] - p0[..., 0] * p1[..., 1]
-    flip = ((turn > 0) & second) | ((turn < 0) & ~second)
+    turn = _cross2(p0, p1)
+    flip = ((turn < 0) & second) | ((turn > 0) & ~second)
     return radius * torch.where(flip, 2 * pymath.pi - angle, angle)
 
 
