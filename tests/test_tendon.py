@@ -319,7 +319,7 @@ def test_compiled_step_equals_eager():
 
 # The inside wrap's point solves its equation to MuJoCo's tolerance (|g| <= 1e-6) only, so the length
 # is stationary in that point to that order: its derivative differs from ten_J by up to this much
-# (measured 5e-8); every other span's derivative is ten_J to rounding (measured 2e-15).
+# (measured 3e-8); every other span's derivative is ten_J to rounding (measured 2.4e-14).
 INSIDE_STATIONARITY = 1e-6
 
 
