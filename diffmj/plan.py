@@ -27,6 +27,7 @@ from diffmj.enums import (
     SensorType,
     Stage,
     TrnType,
+    WrapType,
 )
 
 
@@ -39,12 +40,35 @@ def _floats(values, dtype, device) -> Tensor:
 
 
 @pytree_dataclass
-class TendonPlan(PyTreeNode):
-    """Fixed tendons as sums over wrap entries."""
+class TendonSpans(PyTreeNode):
+    """Spans of spatial tendons from one site to the next, of one kind: straight, or past a sphere or cylinder.
 
-    wrap_tendon: Tensor  # [nwrap] tendon of each wrap entry
-    wrap_qposadr: Tensor  # [nwrap] qpos address of its joint
-    wrap_dofadr: Tensor  # [nwrap] dof address of its joint
+    A span belongs to one tendon and is divided by the divisor of the pulley before it
+    (MuJoCo's pulleys split a tendon into branches that share its length).
+    """
+
+    wrap_type: WrapType = static_field()  # NONE (straight), SPHERE or CYLINDER
+    tendon: Tensor  # [k]
+    site0: Tensor  # [k] the sites the span runs between
+    site1: Tensor  # [k]
+    pulley: Tensor  # [k] wrap entry of the pulley before the span (its divisor in wrap_prm); -1 if none
+    geom: Tensor  # [k] the wrapping geom (0 for straight spans)
+    sidesite: Tensor  # [k] the geom's side site (0 where there is none)
+    has_side: Tensor  # [k] bool
+    moving: Tensor  # [k] 1 where site0 and site1 are on different bodies (MuJoCo skips the others' Jacobian)
+    moving_in: Tensor  # [k] 1 where site0 and the geom are on different bodies (wrap spans)
+    moving_out: Tensor  # [k] 1 where the geom and site1 are on different bodies (wrap spans)
+
+
+@pytree_dataclass
+class TendonPlan(PyTreeNode):
+    """Fixed tendons as sums over their joint entries; spatial tendons as spans grouped by kind."""
+
+    joint_wrap: Tensor  # [k] wrap entries of fixed tendons (their coefficients in wrap_prm)
+    joint_tendon: Tensor  # [k] tendon of each
+    joint_qposadr: Tensor  # [k] qpos address of its joint
+    joint_dofadr: Tensor  # [k] dof address of its joint
+    spans: tuple[TendonSpans, ...]  # non-empty groups of straight, sphere and cylinder spans
 
 
 @pytree_dataclass
@@ -97,15 +121,59 @@ class ActuatorPlan(PyTreeNode):
     any_actearly: bool = static_field()
 
 
-def build_tendon_plan(mjm, device) -> TendonPlan:
+def _spatial_spans(mjm, t: int) -> list[tuple]:
+    """(wrap type, site0, site1, pulley, geom, sidesite) of each span of spatial tendon t, as mj_tendon walks it."""
+    adr, num = mjm.tendon_adr[t], mjm.tendon_num[t]
+    types, ids, prm = mjm.wrap_type[adr : adr + num], mjm.wrap_objid[adr : adr + num], mjm.wrap_prm[adr : adr + num]
+    spans, pulley, j = [], -1, 0
+    while j < num - 1:
+        if WrapType.PULLEY in (types[j], types[j + 1]):
+            if types[j] == WrapType.PULLEY:
+                pulley = adr + j
+            j += 1
+        elif types[j + 1] in (WrapType.SPHERE, WrapType.CYLINDER):
+            spans.append((types[j + 1], ids[j], ids[j + 2], pulley, ids[j + 1], int(round(prm[j + 1]))))
+            j += 2
+        else:
+            spans.append((WrapType.NONE, ids[j], ids[j + 1], pulley, 0, -1))
+            j += 1
+    return spans
+
+
+def build_tendon_plan(mjm, dtype, device) -> TendonPlan:
+    joint_wrap = np.flatnonzero(mjm.wrap_type == WrapType.JOINT)
     wrap_tendon = np.zeros(mjm.nwrap, dtype=int)
     for t in range(mjm.ntendon):
         wrap_tendon[mjm.tendon_adr[t] : mjm.tendon_adr[t] + mjm.tendon_num[t]] = t
-    jnt = mjm.wrap_objid
+    jnt = mjm.wrap_objid[joint_wrap]
+    spans = [(t, *span) for t in range(mjm.ntendon) if mjm.wrap_type[mjm.tendon_adr[t]] != WrapType.JOINT
+             for span in _spatial_spans(mjm, t)]
+    site_body, geom_body = mjm.site_bodyid, mjm.geom_bodyid
+    groups = []
+    for kind in (WrapType.NONE, WrapType.SPHERE, WrapType.CYLINDER):
+        members = [s for s in spans if s[1] == kind]
+        if not members:
+            continue
+        tendon, _, site0, site1, pulley, geom, side = (np.asarray(c, dtype=int) for c in zip(*members))
+        groups.append(TendonSpans(
+            wrap_type=kind,
+            tendon=_long(tendon, device),
+            site0=_long(site0, device),
+            site1=_long(site1, device),
+            pulley=_long(pulley, device),
+            geom=_long(geom, device),
+            sidesite=_long(np.maximum(side, 0), device),
+            has_side=torch.as_tensor(side >= 0, device=device),
+            moving=_floats(site_body[site0] != site_body[site1], dtype, device),
+            moving_in=_floats(site_body[site0] != geom_body[geom], dtype, device),
+            moving_out=_floats(geom_body[geom] != site_body[site1], dtype, device),
+        ))
     return TendonPlan(
-        wrap_tendon=_long(wrap_tendon, device),
-        wrap_qposadr=_long(mjm.jnt_qposadr[jnt], device),
-        wrap_dofadr=_long(mjm.jnt_dofadr[jnt], device),
+        joint_wrap=_long(joint_wrap, device),
+        joint_tendon=_long(wrap_tendon[joint_wrap], device),
+        joint_qposadr=_long(mjm.jnt_qposadr[jnt], device),
+        joint_dofadr=_long(mjm.jnt_dofadr[jnt], device),
+        spans=tuple(groups),
     )
 
 
