@@ -865,6 +865,57 @@ def _first(mask: Tensor) -> tuple[Tensor, Tensor]:
     return flat.any(-1), flat.long().argmax(-1)
 
 
+class MulticontactChoice(NamedTuple):
+    """What mjc_multicontact clips: one of three cases [n] and the face / edge slots in use [n]."""
+
+    face_face: Tensor  # a face of each geom
+    edge1: Tensor  # an edge of geom 1 against a face of geom 2
+    edge2: Tensor  # an edge of geom 2 against a face of geom 1
+    face1: Tensor  # geom 1's face slot (face_face, edge2)
+    face2: Tensor  # geom 2's face slot (face_face, edge1)
+    edge_slot1: Tensor  # geom 1's edge slot (edge1)
+    edge_slot2: Tensor  # geom 2's edge slot (edge2)
+
+
+def multicontact_choice(direction: Tensor, feature1: tuple, feature2: tuple) -> MulticontactChoice:
+    """MuJoCo 4's choice of features to clip, given each geom's candidate faces and edges.
+
+    ``direction`` [n, 3]: from geom 1's witness point to geom 2's. Each feature is (face normals
+    [n, A, 3], their validity [n, A], the feature's dimension [n] (1 vertex, 2 edge, 3 face), edge
+    directions [n, E, 3], their validity [n, E]). Faces within ~5 degrees of antiparallel, each
+    facing the other geom, win (the most antiparallel pair); else an edge within ~5 degrees of
+    parallel to a face of the other geom (the first (face, edge) pair; geom 2's edge first where
+    geom 2's feature is of lower dimension or geom 2 has no face).
+    """
+    n1, ok1, dim1, dirs1, edge_ok1 = feature1
+    n2, ok2, dim2, dirs2, edge_ok2 = feature2
+    slack = EDGE_TOL * _sqrt(dot(direction, direction))[..., None]
+    facing1 = ok1 & (dot(direction[..., None, :], n1) < -slack)
+    facing2 = ok2 & (dot(direction[..., None, :], n2) > slack)
+    cosine = dot(n1[..., :, None, :], n2[..., None, :, :])
+    aligned = facing1[..., :, None] & facing2[..., None, :] & (cosine < -FACE_TOL)
+    face_face, best = _first(aligned)
+    if aligned.numel():
+        best = torch.where(aligned, cosine, torch.inf).flatten(-2).argmin(-1)
+
+    count1, count2 = ok1.sum(-1), ok2.sum(-1)
+    parallel = lambda normals, dirs: dot(normals[..., :, None, :], dirs[..., None, :, :]).abs() < EDGE_TOL  # noqa: E731
+    e1_any, e1_at = _first((ok2 & (dot(direction[..., None, :], n2) > FACING))[..., :, None]
+                           & edge_ok1[..., None, :] & parallel(n2, dirs1))
+    e1_any = e1_any & (dim1 != 3) & (count2 > 0)
+    e2_any, e2_at = _first((ok1 & (dot(-direction[..., None, :], n1) > FACING))[..., :, None]
+                           & edge_ok2[..., None, :] & parallel(n1, dirs2))
+    e2_any = e2_any & (dim2 != 3) & (count1 > 0)
+    e2_first = (count1 > 0) & (dim2 != 3) & ((count2 == 0) | (dim2 < dim1))
+    edge1 = ~face_face & e1_any & ~(e2_first & e2_any)
+    edge2 = ~face_face & ~edge1 & e2_any
+    nedge1, nedge2 = max(dirs1.shape[-2], 1), max(dirs2.shape[-2], 1)
+    return MulticontactChoice(face_face, edge1, edge2,
+                              torch.where(face_face, best // n2.shape[-2], e2_at // nedge2),
+                              torch.where(face_face, best % n2.shape[-2], e1_at // nedge1),
+                              e1_at % nedge1, e2_at % nedge2)
+
+
 def _multicontact(kinds: tuple[GeomType, GeomType], geoms: tuple[GeomPose, GeomPose], sol: _Solution, nseg1: int,
                   margin: Tensor, maxc: int):
     """MuJoCo 4's mjc_multicontact on the ideal features of the exact contact.
@@ -881,40 +932,14 @@ def _multicontact(kinds: tuple[GeomType, GeomType], geoms: tuple[GeomPose, GeomP
     feat2 = _feature(kinds[1], geom2, -sol.normal, sol.seg_act[..., nseg1:], x2)
     n1, face1, ok1 = _face_normals(kinds[0], geom1, feat1)
     n2, face2, ok2 = _face_normals(kinds[1], geom2, feat2)
-    direction = x2 - x1
-
-    # faces within ~5 degrees of antiparallel, each facing the other geom: the most antiparallel pair
-    slack = EDGE_TOL * _sqrt(dot(direction, direction))[..., None]
-    facing1 = ok1 & (dot(direction[..., None, :], n1) < -slack)
-    facing2 = ok2 & (dot(direction[..., None, :], n2) > slack)
-    cosine = dot(n1[..., :, None, :], n2[..., None, :, :])
-    aligned = facing1[..., :, None] & facing2[..., None, :] & (cosine < -FACE_TOL)
-    face_face, best = _first(aligned)  # best: the first of the most antiparallel pairs
-    if aligned.numel():
-        best = torch.where(aligned, cosine, torch.inf).flatten(-2).argmin(-1)
-    ff_i, ff_j = best // n2.shape[-2], best % n2.shape[-2]
-
-    # an edge within ~5 degrees of parallel to a face of the other geom: first (face, edge) pair
     start1, ends1, dirs1, edge_ok1 = _edges(kinds[0], geom1, feat1, x1)
     start2, ends2, dirs2, edge_ok2 = _edges(kinds[1], geom2, feat2, x2)
-    count1, count2 = ok1.sum(-1), ok2.sum(-1)
-    parallel = lambda normals, dirs: dot(normals[..., :, None, :], dirs[..., None, :, :]).abs() < EDGE_TOL  # noqa: E731
-    e1_any, e1_at = _first((ok2 & (dot(direction[..., None, :], n2) > FACING))[..., :, None]
-                           & edge_ok1[..., None, :] & parallel(n2, dirs1))
-    e1_any = e1_any & (feat1.dim != 3) & (count2 > 0)
-    e2_any, e2_at = _first((ok1 & (dot(-direction[..., None, :], n1) > FACING))[..., :, None]
-                           & edge_ok2[..., None, :] & parallel(n1, dirs2))
-    e2_any = e2_any & (feat2.dim != 3) & (count1 > 0)
-    e2_first = (count1 > 0) & (feat2.dim != 3) & ((count2 == 0) | (feat2.dim < feat1.dim))
-    edge1 = ~face_face & e1_any & ~(e2_first & e2_any)
-    edge2 = ~face_face & ~edge1 & e2_any
+    choice = multicontact_choice(x2 - x1, (n1, ok1, feat1.dim, dirs1, edge_ok1), (n2, ok2, feat2.dim, dirs2, edge_ok2))
+    face_face, edge1, edge2 = choice.face_face, choice.edge1, choice.edge2
 
     # the clipping face and the clipped polygon (a face or an edge)
     at = lambda x, i: torch.take_along_dim(x, i[..., None, None], -2)[..., 0, :]  # noqa: E731
-    e1_face, e1_edge = e1_at // ends1.shape[-2], e1_at % ends1.shape[-2]
-    e2_face, e2_edge = e2_at // ends2.shape[-2], e2_at % ends2.shape[-2]
-    i1 = torch.where(face_face, ff_i, e2_face)  # face of geom 1 in use
-    i2 = torch.where(face_face, ff_j, e1_face)  # face of geom 2 in use
+    i1, i2, e1_edge, e2_edge = choice.face1, choice.face2, choice.edge_slot1, choice.edge_slot2
     normal1 = at(n1, i1) if n1.shape[-2] else torch.zeros_like(x1)  # a capsule has no face
     normal2 = at(n2, i2)
     fill = torch.zeros_like(x1[..., None, :]).expand(*x1.shape[:-1], _MAXVERT, 3)

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_candidates
-from diffmj.collision.convex import BOX_FACES, EDGE_TOL, FACE_TOL, FACING, clip_contacts
+from diffmj.collision.convex import BOX_FACES, clip_contacts, multicontact_choice
 from diffmj.collision.mesh import facet_edges, vertex_edges
 from diffmj.math import cross, dot, mat_vec
 
@@ -408,14 +408,8 @@ def _polygon(p: Polytope, poly: Tensor) -> tuple[Tensor, Tensor]:
     return _at(p.vert, ids), (ids >= 0).sum(-1)
 
 
-def _first(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """(any, flat index of the first True) of mask [n, A, B] in row-major order."""
-    flat = mask.flatten(-2)
-    return flat.any(-1), flat.long().argmax(-1)
-
-
 def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
-    """MuJoCo 4's mjc_multicontact on the contact's features (the rules of ``convex._multicontact``).
+    """MuJoCo 4's mjc_multicontact on the contact's features (``convex.multicontact_choice``).
 
     Returns (use [n], dist [n, 4], pos [n, 4, 3], normal [n, 4, 3], count [n]).
     """
@@ -424,46 +418,21 @@ def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
     x2 = con.point2 - half * con.normal
     n1, face1, ok1 = _face_normals(p1, con.dim1, con.ids1)
     n2, face2, ok2 = _face_normals(p2, con.dim2, con.ids2)
-    direction = x2 - x1
-
-    # faces within ~5 degrees of antiparallel, each facing the other geom: the most antiparallel pair
-    slack = EDGE_TOL * torch.sqrt(dot(direction, direction))[..., None]
-    facing1 = ok1 & (dot(direction[..., None, :], n1) < -slack)
-    facing2 = ok2 & (dot(direction[..., None, :], n2) > slack)
-    cosine = dot(n1[..., :, None, :], n2[..., None, :, :])
-    aligned = facing1[..., :, None] & facing2[..., None, :] & (cosine < -FACE_TOL)
-    face_face = aligned.flatten(-2).any(-1)
-    best = torch.where(aligned, cosine, torch.inf).flatten(-2).argmin(-1)
-    ff_i, ff_j = best // n2.shape[-2], best % n2.shape[-2]
-
-    # an edge within ~5 degrees of parallel to a face of the other geom: the first (face, edge) pair
     start1, ends1, dirs1, edge_ok1 = _edges(p1, con.dim1, con.ids1)
     start2, ends2, dirs2, edge_ok2 = _edges(p2, con.dim2, con.ids2)
-    count1, count2 = ok1.sum(-1), ok2.sum(-1)
-    parallel = lambda normals, dirs: dot(normals[..., :, None, :], dirs[..., None, :, :]).abs() < EDGE_TOL  # noqa: E731
-    e1_any, e1_at = _first((ok2 & (dot(direction[..., None, :], n2) > FACING))[..., :, None]
-                           & edge_ok1[..., None, :] & parallel(n2, dirs1))
-    e1_any = e1_any & (con.dim1 != 3) & (count2 > 0)
-    e2_any, e2_at = _first((ok1 & (dot(-direction[..., None, :], n1) > FACING))[..., :, None]
-                           & edge_ok2[..., None, :] & parallel(n1, dirs2))
-    e2_any = e2_any & (con.dim2 != 3) & (count1 > 0)
-    e2_first = (count1 > 0) & (con.dim2 != 3) & ((count2 == 0) | (con.dim2 < con.dim1))
-    edge1 = ~face_face & e1_any & ~(e2_first & e2_any)
-    edge2 = ~face_face & ~edge1 & e2_any
+    choice = multicontact_choice(x2 - x1, (n1, ok1, con.dim1, dirs1, edge_ok1), (n2, ok2, con.dim2, dirs2, edge_ok2))
+    face_face, edge1, edge2 = choice.face_face, choice.edge1, choice.edge2
 
     # the clipping face and the clipped polygon (a face or an edge)
     pick = lambda x, i: torch.take_along_dim(x, i[..., None], -1)[..., 0]  # noqa: E731
-    e1_face, e1_edge = e1_at // ends1.shape[-2], e1_at % ends1.shape[-2]
-    e2_face, e2_edge = e2_at // ends2.shape[-2], e2_at % ends2.shape[-2]
-    i1 = torch.where(face_face, ff_i, e2_face)  # polygon slot of geom 1 in use
-    i2 = torch.where(face_face, ff_j, e1_face)
+    i1, i2 = choice.face1, choice.face2
     normal1, normal2 = _at(n1, i1[..., None])[..., 0, :], _at(n2, i2[..., None])[..., 0, :]
     poly1, npoly1 = _polygon(p1, pick(face1, i1))
     poly2, npoly2 = _polygon(p2, pick(face2, i2))
     width = max(poly1.shape[-2], poly2.shape[-2])
     pad = lambda s: torch.cat((s, s[..., :1, :].expand(*s.shape[:-2], width - s.shape[-2], 3)), -2)  # noqa: E731
-    seg1 = torch.stack((start1, _at(ends1, e1_edge[..., None])[..., 0, :]), -2)
-    seg2 = torch.stack((start2, _at(ends2, e2_edge[..., None])[..., 0, :]), -2)
+    seg1 = torch.stack((start1, _at(ends1, choice.edge_slot1[..., None])[..., 0, :]), -2)
+    seg2 = torch.stack((start2, _at(ends2, choice.edge_slot2[..., None])[..., 0, :]), -2)
     face = torch.where(edge1[..., None, None], pad(poly2), pad(poly1))
     nface = torch.where(edge1, npoly2, npoly1)
     poly = torch.where(face_face[..., None, None], pad(poly2), torch.where(edge1[..., None, None], pad(seg1),
@@ -475,10 +444,10 @@ def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
 
     count, on_face, on_poly, dist, _ = clip_contacts(face, nface, poly, npoly, normal, wit, margin, MAX_CONTACTS,
                                                      ~face_face)
-    p1_ = torch.where(edge1[..., None, None], on_poly, on_face) + half[..., None] * inflate[..., None, :]
-    p2_ = torch.where(edge1[..., None, None], on_face, on_poly) - half[..., None] * inflate[..., None, :]
+    witness1 = torch.where(edge1[..., None, None], on_poly, on_face) + half[..., None] * inflate[..., None, :]
+    witness2 = torch.where(edge1[..., None, None], on_face, on_poly) - half[..., None] * inflate[..., None, :]
     use = (face_face | edge1 | edge2) & (count > 0)
-    return use, dist, 0.5 * (p1_ + p2_), _unit(p1_ - p2_), count
+    return use, dist, 0.5 * (witness1 + witness2), _unit(witness1 - witness2), count
 
 
 # ---------------------------------------------------------------- pair functions
