@@ -66,7 +66,7 @@ def _inputs(mjm: mujoco.MjModel, batch: int):
     return first, MeshPose(pose[1], shape[1]), torch.zeros(batch, dtype=torch.float64), mjd.ncon
 
 
-def run(pair: str, sizes: list[int], batches: list[int], repeats: int) -> list[dict]:
+def run(pair: str, sizes: list[int], batches: list[int], repeats: int, compile_: bool) -> list[dict]:
     torch.set_num_threads(1)
     fn = FIRST[pair][1]
     records = []
@@ -82,9 +82,9 @@ def run(pair: str, sizes: list[int], batches: list[int], repeats: int) -> list[d
         for batch in batches:
             args = _inputs(mjm, batch)[:3]
             eager = harness.measure(lambda: fn(*args), batch, 1, repeats)
-            comp = harness.measure(lambda: compiled(*args), batch, 1, repeats)
+            comp = harness.measure(lambda: compiled(*args), batch, 1, repeats) if compile_ else None
             record["diffmj"].append({"pairs": batch, "eager_us_per_pair": 1e6 / eager["steps_per_second"],
-                                     "compiled_us_per_pair": 1e6 / comp["steps_per_second"]})
+                                     "compiled_us_per_pair": comp and 1e6 / comp["steps_per_second"]})
         records.append(record)
     return records
 
@@ -95,8 +95,8 @@ def table(records: list[dict]) -> str:
     for r in records:
         for k, b in enumerate(r["diffmj"]):
             first = (f"{r['nvert']}", f"{r['mujoco_c_us_per_pair']:.2f}") if k == 0 else ("", "")
-            rows.append(f"| {first[0]} | {first[1]} | {b['pairs']} | {b['eager_us_per_pair']:.1f} "
-                        f"| {b['compiled_us_per_pair']:.1f} |")
+            compiled = "not run" if b["compiled_us_per_pair"] is None else f"{b['compiled_us_per_pair']:.1f}"
+            rows.append(f"| {first[0]} | {first[1]} | {b['pairs']} | {b['eager_us_per_pair']:.1f} | {compiled} |")
     return "\n".join(rows)
 
 
@@ -107,12 +107,14 @@ def main() -> None:
                         "against a plane or box, 50 200 against a mesh)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--no-compile", action="store_true", help="eager only (compiling the polytope pairs "
+                        "takes minutes)")
     parser.add_argument("--out", help="default: results/mesh_collision.json, mesh_collision_<pair>.json for box, mesh")
     args = parser.parse_args()
     sizes = args.sizes or ([50, 200] if args.pair == "mesh" else [100, 1000, 4000])
     out = args.out or str(BENCH / "results" / ("mesh_collision.json" if args.pair == "plane"
                                                else f"mesh_collision_{args.pair}.json"))
-    records = run(args.pair, sizes, args.batches, args.repeats)
+    records = run(args.pair, sizes, args.batches, args.repeats, not args.no_compile)
     versions = {"torch": torch.__version__, "mujoco": mujoco.__version__, "python": platform.python_version(),
                 "machine": platform.machine()}
     load = os.getloadavg()  # the machine's load over the last 1, 5 and 15 minutes, at the end of the run
