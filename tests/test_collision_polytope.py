@@ -133,6 +133,24 @@ def test_vmap_equals_batched(second):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_vmap_over_data_equals_loop():
+    """collision vmapped over a batch of Data equals collision of each Data."""
+    mjm = _pair_model("box", 0.02, seed=1)
+    m = diffmj.put_model(mjm)
+    mjd = mujoco.MjData(mjm)
+    ds = []
+    for qpos in _poses(np.random.default_rng(3), 4, True):
+        mjd.qpos[:] = qpos
+        mujoco.mj_kinematics(mjm, mjd)
+        ds.append(diffmj.put_data(m, mjd))
+    mapped = torch.vmap(lambda d: collision(m, d).contact)(torch.stack(ds))
+    assert torch.isfinite(mapped.dist).sum() >= 4
+    for i, d in enumerate(ds):
+        for name in ("dist", "pos", "frame", "active"):
+            torch.testing.assert_close(getattr(mapped[i], name), getattr(collision(m, d).contact, name), rtol=0,
+                                       atol=TOL["batch"], equal_nan=True)
+
+
 @pytest.mark.slow  # the compile takes minutes (measured 14 min on the loaded 2-core machine)
 def test_compiled_equals_eager():
     mjm = _pair_model("mesh", 0.02, seed=1)
