@@ -210,9 +210,10 @@ _SUBSETS = [s for size in range(1, 5) for s in itertools.combinations(range(4), 
 _SUBSET_MASK = [[k in s for k in range(4)] for s in _SUBSETS]
 
 
-def _affine_closest(w: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+def _affine_closest(w: Tensor, mask: Tensor, independent: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Weights [..., 4] of the point of the affine hull of the masked points w [..., 4, 3] nearest the
-    origin, and whether they are well defined (the masked points affinely independent) [...]."""
+    origin, and whether they are well defined (the masked points affinely independent) [...]; tested
+    unless ``independent`` is given."""
     mask = mask.expand(w.shape[:-1])
     m = mask.to(w.dtype)
     gram = (w @ w.transpose(-1, -2)) * m[..., :, None] * m[..., None, :]
@@ -221,11 +222,10 @@ def _affine_closest(w: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     kkt = torch.cat((top, torch.cat((m, torch.zeros_like(m[..., :1])), -1)[..., None, :]), -2)
     rhs = torch.zeros_like(kkt[..., 0])
     rhs = torch.where(torch.arange(5, device=w.device) == 4, 1.0, rhs)
-    # affinely independent: the edge vectors' Gram determinant against the product of their lengths
-    base = torch.take_along_dim(w, mask.long().argmax(-1)[..., None, None], -2)
-    length2 = torch.where(mask, dot(w - base, w - base), 1.0).clamp(min=1e-300).prod(-1)
-    det = torch.linalg.det(kkt).abs()
-    independent = det > 1e-10 * length2
+    if independent is None:  # the edge vectors' Gram determinant against the product of their lengths
+        base = torch.take_along_dim(w, mask.long().argmax(-1)[..., None, None], -2)
+        length2 = torch.where(mask, dot(w - base, w - base), 1.0).clamp(min=1e-300).prod(-1)
+        independent = torch.linalg.det(kkt).abs() > 1e-10 * length2
     solution = torch.linalg.solve(torch.where(independent[..., None, None], kkt, torch.eye(5, dtype=w.dtype,
                                                                                           device=w.device)), rhs)
     return solution[..., :4] * m, independent
@@ -310,7 +310,8 @@ def _contact(p1: Polytope, p2: Polytope) -> _Contact:
     # separated: the closest point of the final simplex, recomputed with gradient
     used = lam > 0
     a, b = _at(p1.vert, gjk1), _at(p2.vert, gjk2)  # [n, 4, 3]
-    weights, _ = _affine_closest(b - a, used)
+    # (the search found these points independent in float64: not retested in the input dtype)
+    weights, _ = _affine_closest(b - a, used, independent=separated)
     near1, near2 = (weights[..., None] * a).sum(-2), (weights[..., None] * b).sum(-2)
     gap = near2 - near1
     gap_length = torch.sqrt(torch.where(separated, dot(gap, gap), 1.0))
