@@ -65,19 +65,31 @@ def _poses(rng, count: int, flat: bool):
         yield np.concatenate((pos, quat / np.linalg.norm(quat, axis=1, keepdims=True)), 1).ravel()
 
 
+def _states(mjm: mujoco.MjModel, m: diffmj.Model, poses):
+    """(MuJoCo's data after mj_forward, diffmj's data) at each qpos of ``poses``."""
+    mjd = mujoco.MjData(mjm)
+    for qpos in poses:
+        mjd.qpos[:] = qpos
+        mujoco.mj_forward(mjm, mjd)
+        yield mjd, diffmj.put_data(m, mjd)
+
+
+def _assert_matches(mjm: mujoco.MjModel, poses) -> list[int]:
+    """Contacts of each pose against MuJoCo's; returns MuJoCo's contact counts."""
+    m = diffmj.put_model(mjm)
+    counts = []
+    for mjd, d in _states(mjm, m, poses):
+        counts.append(mjd.ncon)
+        compare_contacts(m, collision(m, d), mjd, tol=CCD_TOL)
+    return counts
+
+
 @pytest.mark.parametrize("margin", [0.0, 0.02])
 @pytest.mark.parametrize("second", ["mesh", "box"])
 @pytest.mark.parametrize("flat", [False, True])
 def test_matches_mujoco(second, margin, flat):
     mjm = _pair_model(second, margin, seed=int(flat) + 2 * (second == "box"))
-    m = diffmj.put_model(mjm)
-    mjd = mujoco.MjData(mjm)
-    counts = []
-    for qpos in _poses(np.random.default_rng(7), 60, flat):
-        mjd.qpos[:] = qpos
-        mujoco.mj_forward(mjm, mjd)
-        counts.append(mjd.ncon)
-        compare_contacts(m, collision(m, diffmj.put_data(m, mjd)), mjd, tol=CCD_TOL)
+    counts = _assert_matches(mjm, _poses(np.random.default_rng(7), 60, flat))
     # outcomes exercised: single contacts, edge-face pairs; face-face quads when flat, misses when not
     assert counts.count(1) > 5 and counts.count(2) > 3
     assert counts.count(4) >= 3 if flat else counts.count(0) > 3
@@ -90,13 +102,7 @@ def test_large_meshes_match_mujoco():
     vertices alone changes the depth of the last of these poses by 5e-6."""
     rng = np.random.default_rng(6)
     large = _cloud(rng, 200, 0.1)
-    mjm = _pair_model("mesh", 0.0, clouds=[_cloud(rng, 150, 0.08), large])
-    m = diffmj.put_model(mjm)
-    mjd = mujoco.MjData(mjm)
-    for qpos in _poses(rng, 29, False):
-        mjd.qpos[:] = qpos
-        mujoco.mj_forward(mjm, mjd)
-        compare_contacts(m, collision(m, diffmj.put_data(m, mjd)), mjd, tol=CCD_TOL)
+    _assert_matches(_pair_model("mesh", 0.0, clouds=[_cloud(rng, 150, 0.08), large]), _poses(rng, 29, False))
 
 
 def _pair_inputs(m: diffmj.Model, d: diffmj.Data):
@@ -113,13 +119,8 @@ def test_vmap_equals_batched(second):
     multiple contacts."""
     mjm = _pair_model(second, 0.02, seed=1)
     m = diffmj.put_model(mjm)
-    mjd = mujoco.MjData(mjm)
-    inputs = []
     rng = np.random.default_rng(3)
-    for qpos in [*_poses(rng, 4, True), *_poses(rng, 4, False)]:
-        mjd.qpos[:] = qpos
-        mujoco.mj_kinematics(mjm, mjd)
-        inputs.append(_pair_inputs(m, diffmj.put_data(m, mjd)))
+    inputs = [_pair_inputs(m, d) for _, d in _states(mjm, m, [*_poses(rng, 4, True), *_poses(rng, 4, False)])]
     fn, first = (box_mesh, lambda p, mesh: p[0]) if second == "box" else (mesh_mesh, lambda p, mesh: mesh(0))
     cat = lambda parts: type(parts[0])(*(cat(x) if isinstance(x[0], tuple) else torch.cat(x)  # noqa: E731
                                           for x in zip(*parts)))
@@ -137,12 +138,7 @@ def test_vmap_over_data_equals_loop():
     """collision vmapped over a batch of Data equals collision of each Data."""
     mjm = _pair_model("box", 0.02, seed=1)
     m = diffmj.put_model(mjm)
-    mjd = mujoco.MjData(mjm)
-    ds = []
-    for qpos in _poses(np.random.default_rng(3), 4, True):
-        mjd.qpos[:] = qpos
-        mujoco.mj_kinematics(mjm, mjd)
-        ds.append(diffmj.put_data(m, mjd))
+    ds = [d for _, d in _states(mjm, m, _poses(np.random.default_rng(3), 4, True))]
     mapped = torch.vmap(lambda d: collision(m, d).contact)(torch.stack(ds))
     assert torch.isfinite(mapped.dist).sum() >= 4
     for i, d in enumerate(ds):
