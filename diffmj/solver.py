@@ -9,8 +9,11 @@ where s is the sum of the row costs of equality (quadratic), frictionloss
 contact (distance to the friction cone) constraints. Both solvers start from
 MuJoCo's warm start, search along Newton (H = M + J'DJ + cone terms) or
 Hager-Zhang conjugate-gradient directions, and stop with MuJoCo's tests
-(improvement, gradient, Newton decrement), scaled by 1 / trace(M) as MuJoCo
-4.0 scales them.
+(improvement, gradient, Newton decrement). As in MuJoCo, each constraint
+island (the kinematic trees that active rows link, ``islands``) is solved on
+its own, with its own line search, iteration count and tests scaled by 1 /
+trace of its M; dofs in no island keep qacc_smooth. With islands disabled
+(mjDSBL_ISLAND) one island holds everything.
 
 The line search is MuJoCo's (PrimalSearch), for both cone types: Newton steps
 on the 1-D cost's slope, then a bracket, stopping at |slope| < gtol or after
@@ -57,6 +60,8 @@ class Problem(NamedTuple):
     equality: Tensor  # [nefc] bool
     friction: Tensor  # [nefc] bool
     cones: tuple  # per elliptic contact group: (rows [k, dim], mu [k], friction [k, dim - 1])
+    island_dofs: Tensor  # [K, nv] 1 where the dof is in island k (islands())
+    island_rows: Tensor  # [K, nefc] 1 where the row is in island k
 
 
 class Update(NamedTuple):
@@ -169,21 +174,23 @@ class ConeLine(NamedTuple):
     mu: Tensor
     bottom: Tensor  # [3, k] (q0, q1, q2): the bottom zone's cost 0.5 sum D x^2 is q0 + q1 alpha + q2 alpha^2
     active: Tensor  # bool
+    island: Tensor  # [K, k] 1 where the cone is in island k
 
 
 class Line(NamedTuple):
-    """The cost along one search direction, prepared once per line search (PrimalPrepare)."""
+    """The cost along one search direction, prepared once per line search (PrimalPrepare); each
+    island k has its own line, of step alpha[k]."""
 
     jar: Tensor  # [nefc] J qacc - aref at alpha = 0
     Jv: Tensor  # [nefc] J search
     scalar: Tensor  # [nefc] bool: active rows outside elliptic cones
-    gauss1: Tensor  # [] the Gauss cost changes by gauss1 alpha + gauss2 alpha^2
-    gauss2: Tensor  # []
+    gauss1: Tensor  # [K] the island's Gauss cost changes by gauss1 alpha + gauss2 alpha^2
+    gauss2: Tensor  # [K]
     cones: tuple  # per elliptic cone group: ConeLine
 
 
 class LinePoint(NamedTuple):
-    """One evaluation of the line cost (mjPrimalPnt); fields broadcast like alpha."""
+    """One evaluation of the line cost (mjPrimalPnt) of each island; fields [..., K] like alpha."""
 
     alpha: Tensor
     cost: Tensor  # cost(alpha) - cost(0)
@@ -203,8 +210,8 @@ def _pick(condition: Tensor, a: LinePoint, b: LinePoint) -> LinePoint:
 
 def _prepare_line(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor) -> Line:
     Jv = p.J @ search
-    gauss1 = (search * (p.M @ qacc - p.qfrc_smooth)).sum(-1)
-    gauss2 = 0.5 * (search * (p.M @ search)).sum(-1)
+    gauss1 = p.island_dofs @ (search * (p.M @ qacc - p.qfrc_smooth))
+    gauss2 = 0.5 * (p.island_dofs @ (search * (p.M @ search)))
     scalar = p.active
     cones = []
     for rows, mu, friction in p.cones:
@@ -217,7 +224,7 @@ def _prepare_line(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor) -> Line
         cones.append(ConeLine(
             U0=U[:, 0], V0=V[:, 0], UU=(U[:, 1:] ** 2).sum(-1), UV=(U[:, 1:] * V[:, 1:]).sum(-1),
             VV=(V[:, 1:] ** 2).sum(-1), Dm=D[:, 0] / (mu * mu * (1 + mu * mu)), mu=mu, bottom=bottom,
-            active=p.active[rows[:, 0]]))
+            active=p.active[rows[:, 0]], island=p.island_rows[:, rows[:, 0]]))
     return Line(jar, Jv, scalar, gauss1, gauss2, tuple(cones))
 
 
@@ -231,7 +238,7 @@ def _cone_zone(N: Tensor, Tsqr: Tensor, mu: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def _cone_point(c: ConeLine, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(cost change, slope, curvature) of each cone [..., k] at alpha [..., 1] (ellipticCostDif).
+    """(cost change, slope, curvature) of each cone [..., k] at its step alpha [..., k] (ellipticCostDif).
 
     Each pair of zones has its own closed form: where both ends lie in the same zone the
     change is computed directly, free of the cancellation of two costs.
@@ -264,8 +271,9 @@ def _cone_point(c: ConeLine, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _line_point(p: Problem, line: Line, alpha: Tensor) -> LinePoint:
-    """The line cost at alpha [...] (PrimalEval): its change from alpha = 0 and two derivatives."""
-    a = alpha[..., None]
+    """The line cost of each island at its alpha [..., K] (PrimalEval): its change from alpha = 0 and two
+    derivatives, [..., K] each."""
+    a = alpha @ p.island_rows  # [..., nefc] each row's step: its island's
     jar, Jv, D = line.jar, line.Jv, p.D
     x = jar + a * Jv
     q0, q1, q2 = 0.5 * jar * D * jar, Jv * D * jar, 0.5 * Jv * D * Jv  # a row's quadratic in alpha
@@ -291,10 +299,12 @@ def _line_point(p: Problem, line: Line, alpha: Tensor) -> LinePoint:
     change = torch.where(p.equality, quad_change, torch.where(p.friction, friction_change, one_sided_change))
     slope = torch.where(p.friction, friction_slope, torch.where(quadratic, quad_slope, 0.0))
     curvature = torch.where(quadratic, 2 * q2, 0.0)
-    cost, slope, curvature = (torch.where(line.scalar, v, 0.0).sum(-1) for v in (change, slope, curvature))
-    for cone in line.cones:
-        cost, slope, curvature = (total + part.sum(-1) for total, part in zip((cost, slope, curvature),
-                                                                               _cone_point(cone, a)))
+    rows_to_islands = p.island_rows.transpose(-1, -2)
+    cost, slope, curvature = (torch.where(line.scalar, v, 0.0) @ rows_to_islands for v in (change, slope, curvature))
+    for (rows, _, _), cone in zip(p.cones, line.cones):
+        parts = _cone_point(cone, a[..., rows[:, 0]])
+        cost, slope, curvature = (total + part @ cone.island.transpose(-1, -2)
+                                  for total, part in zip((cost, slope, curvature), parts))
     cost = cost + alpha * alpha * line.gauss2 + alpha * line.gauss1
     slope = slope + 2 * alpha * line.gauss2 + line.gauss1
     curvature = curvature + 2 * line.gauss2
@@ -302,8 +312,11 @@ def _line_point(p: Problem, line: Line, alpha: Tensor) -> LinePoint:
 
 
 def _no_step(like: Tensor) -> LinePoint:
-    """alpha = 0 (what MuJoCo returns when no point improves); four tensors: scan refuses aliased carries."""
-    return LinePoint(*(torch.zeros_like(like) for _ in LinePoint._fields))
+    """alpha = 0 (what MuJoCo returns when no point improves), with curvature 1 so that a Newton step
+    from it is finite: a finished island's values still pass through the masked evaluations, whose
+    per-island sums (matmuls) would spread a NaN to every island. Four tensors: scan refuses aliased carries."""
+    zero = (torch.zeros_like(like) for _ in range(3))
+    return LinePoint(*zero, torch.ones_like(like))
 
 
 def _newton(point: LinePoint) -> Tensor:
@@ -331,7 +344,8 @@ def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Te
     bracket: the cheapest such point), or when ``ls_iterations`` evaluations are spent, with
     the point MuJoCo returns then: the last Newton point while still one-sided, the cheaper
     improving end of the bracket (alpha = 0 if neither improves), or the midpoint when the
-    bracket cannot move. Every evaluation counts, as MuJoCo counts them.
+    bracket cannot move. Every evaluation counts, as MuJoCo counts them. Each island searches
+    its own line (gtol, snorm and the result: [K]), as MuJoCo solves each island on its own.
     """
     line = _prepare_line(p, qacc, jar, search)
     p0 = _line_point(p, line, torch.zeros_like(gtol))
@@ -366,7 +380,7 @@ def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Te
             best, small = _pick(take, c, best), small | take
         new_p1, moved1 = _update_bracket(p1, candidates)
         new_p2, moved2 = _update_bracket(p2, candidates)
-        next_points = _line_point(p, line, torch.stack((_newton(new_p1), _newton(new_p2)), -1))
+        next_points = _line_point(p, line, torch.stack((_newton(new_p1), _newton(new_p2))))
         converged = narrowing & small
         stuck = narrowing & ~small & ~moved1 & ~moved2  # rounding stops the bracket: the midpoint
         moving = narrowing & ~small
@@ -390,8 +404,8 @@ def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Te
 
 
 def _index(point: LinePoint, i: int) -> LinePoint:
-    """The i-th of a point evaluated at several alphas [..., n]."""
-    return LinePoint(*(x[..., i] for x in point))
+    """The i-th of a point evaluated at several alphas [n, K]."""
+    return LinePoint(*(x[i] for x in point))
 
 
 class Settings(NamedTuple):
@@ -424,6 +438,35 @@ class Inputs(NamedTuple):
     cone_friction: tuple  # per elliptic contact group: [k, 5] contact friction
     tolerance: Tensor  # []
     ls_tolerance: Tensor  # []
+    island_dofs: Tensor  # [K, nv] islands(): 1 where the dof is in island k
+    island_rows: Tensor  # [K, nefc] 1 where the row is in island k
+
+
+def islands(m: Model, d: Data) -> tuple[Tensor, Tensor]:
+    """MuJoCo's constraint islands (mj_island) as masks: (dofs [K, nv], rows [K, nefc]).
+
+    Kinematic trees that active rows link are one island; island k holds the trees whose
+    lowest-numbered linked tree is k (K = ntree slots, empty ones hold nothing). Dofs of
+    trees without constraints belong to no island: MuJoCo leaves them at qacc_smooth. With
+    islands disabled (mjDSBL_ISLAND), one island holds every dof and row.
+    """
+    plan = m.constraint_plan
+    dtype = d.efc_J.dtype
+    if not plan.islands:
+        return (torch.ones((1, d.efc_J.shape[-1]), dtype=dtype, device=m.device),
+                torch.ones((1, plan.nefc), dtype=dtype, device=m.device))
+    from_J = ((d.efc_J != 0).to(dtype) @ plan.dof_tree) > 0
+    touches = torch.where(plan.efc_tree_from_J[:, None], from_J, plan.efc_tree > 0) & d.efc_active[:, None]
+    touches = touches.to(dtype)  # [nefc, ntree]
+    linked = (touches.transpose(-1, -2) @ touches) > 0  # [ntree, ntree]; the diagonal: constrained trees
+    ntree = linked.shape[-1]
+    reach = linked
+    for _ in range(max(ntree - 1, 1).bit_length()):  # transitive closure by squaring: paths up to ntree - 1
+        reach = (reach.to(dtype) @ reach.to(dtype)) > 0
+    tree = torch.arange(ntree, device=m.device)
+    lowest = torch.where(reach, tree, ntree).amin(-1)  # each tree's island: its lowest linked tree
+    member = ((lowest == tree[:, None]) & torch.diagonal(linked, dim1=-2, dim2=-1)).to(dtype)  # [K, ntree]
+    return member @ plan.dof_tree.transpose(-1, -2), ((member @ touches.transpose(-1, -2)) > 0).to(dtype)
 
 
 def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
@@ -439,6 +482,7 @@ def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
         ne=plan.ne,
         nf=plan.nf,
     )
+    island_dofs, island_rows = islands(m, d)
     inputs = Inputs(
         M=d.qM,
         M_chol=d.qLD,
@@ -455,6 +499,8 @@ def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
         cone_friction=tuple(d.contact.friction[g.slot] for g in groups),
         tolerance=opt.tolerance,
         ls_tolerance=opt.ls_tolerance,
+        island_dofs=island_dofs,
+        island_rows=island_rows,
     )
     return settings, inputs
 
@@ -485,16 +531,20 @@ def problem(settings: Settings, x: Inputs) -> Problem:
         equality=rows < settings.ne,
         friction=(rows >= settings.ne) & (rows < settings.ne + settings.nf),
         cones=cones,
+        island_dofs=x.island_dofs,
+        island_rows=x.island_rows,
     )
 
 
 def _warmstart(settings: Settings, p: Problem, qacc_warmstart: Tensor) -> Tensor:
-    """qacc_warmstart if its cost beats qacc_smooth's (MuJoCo's warmstart), else qacc_smooth."""
+    """qacc_warmstart if its cost beats qacc_smooth's (MuJoCo's warmstart), else qacc_smooth; qacc_smooth
+    at dofs in no island."""
     if not settings.warmstart:
         return p.qacc_smooth
     cost_ws = _total_cost(p, qacc_warmstart, p.J @ qacc_warmstart - p.aref)
     cost_smooth = constraint_update(p, p.J @ p.qacc_smooth - p.aref).cost
-    return torch.where(cost_ws > cost_smooth, p.qacc_smooth, qacc_warmstart)
+    qacc = torch.where(cost_ws > cost_smooth, p.qacc_smooth, qacc_warmstart)
+    return torch.where(p.island_dofs.sum(0) > 0, qacc, p.qacc_smooth)  # dofs in no island: unconstrained
 
 
 def residual(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
@@ -514,13 +564,26 @@ def hessian_factor(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
 def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False) -> Tensor:
     """The constrained acceleration: MuJoCo's Newton or CG iterations from the warm start. [nv]
 
+    Each island (islands()) is solved on its own, as MuJoCo solves them: its own line search,
+    stopping tests scaled by 1 / trace of its M, and iteration count. The Newton and CG
+    directions need no splitting: M and J'DJ couple no two islands.
+
     unroll: the iterations are to be differentiated through (BackwardMode.UNROLL), so they run
     as a Python loop even under torch.compile (see workarounds.bounded_loop).
     """
     p = problem(settings, x)
     newton = settings.newton
     tol = x.tolerance
-    scale = 1 / torch.diagonal(p.M, dim1=-2, dim2=-1).sum(-1)
+
+    def dot(a, b):  # per island [K]
+        return p.island_dofs @ (a * b)
+
+    def norm(a):
+        return math.safe_sqrt(dot(a, a))
+
+    inertia = p.island_dofs @ torch.diagonal(p.M, dim1=-2, dim2=-1)
+    empty = inertia == 0  # an island slot without dofs: nothing to solve
+    scale = 1 / torch.where(empty, 1.0, inertia)
 
     def evaluate(qacc):
         jar = p.J @ qacc - p.aref
@@ -535,36 +598,43 @@ def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False) -> Tensor:
     qacc = _warmstart(settings, p, x.qacc_warmstart)
     jar, grad, upd = evaluate(qacc)
     mgrad_m = torch.cholesky_solve(grad[:, None], p.M_chol)[:, 0]
-    gap_ok = torch.clamp(0.5 * scale * (grad * mgrad_m).sum(-1), min=0) < tol
-    grad_ok = scale * math.safe_norm(grad) < tol
+    gap_ok = torch.clamp(0.5 * scale * dot(grad, mgrad_m), min=0) < tol
+    grad_ok = scale * norm(grad) < tol
     done = gap_ok & grad_ok if newton else gap_ok
     mgrad = direction(upd, grad)
     if newton:
-        done = done | (grad_ok & (torch.clamp(0.5 * scale * (grad * mgrad).sum(-1), min=0) < tol))
+        done = done | (grad_ok & (torch.clamp(0.5 * scale * dot(grad, mgrad), min=0) < tol))
+    done = done | empty
 
     def iterate(carry):
         done, qacc, jar, grad, mgrad, search = carry
-        snorm = math.safe_norm(search)
+        snorm = norm(search)
         gtol = tol * x.ls_tolerance * snorm / scale
         step = _line_search(p, qacc, jar, search, gtol, snorm, settings.ls_iterations, unroll, settings.early_exit)
-        alpha = step.alpha
-        stalled = alpha == 0  # MuJoCo stops when its line search returns no step
-        new_qacc = qacc + alpha * search
+        stalled = step.alpha == 0  # MuJoCo stops an island when its line search returns no step
+        keep = done | stalled
+        alpha = torch.where(keep, 0.0, step.alpha)
+        new_qacc = qacc + (alpha @ p.island_dofs) * search
         new_jar, new_grad, new_upd = evaluate(new_qacc)
         new_mgrad = direction(new_upd, new_grad)
-        new_search = -new_mgrad if newton else _hager_zhang(search, grad, mgrad, new_grad, new_mgrad)
-        improved = -scale * step.cost
-        converged = ((improved > 0) & (improved < tol)) | (scale * math.safe_norm(new_grad) < tol)
         if newton:
-            converged = converged | (torch.clamp(0.5 * scale * (new_grad * new_mgrad).sum(-1), min=0) < tol)
-        keep = done | stalled
+            new_search = -new_mgrad
+        else:
+            new_search = _hager_zhang(dot, norm, p.island_dofs, search, grad, mgrad, new_grad, new_mgrad)
+        improved = -scale * step.cost
+        converged = ((improved > 0) & (improved < tol)) | (scale * norm(new_grad) < tol)
+        if newton:
+            converged = converged | (torch.clamp(0.5 * scale * dot(new_grad, new_mgrad), min=0) < tol)
+        # dofs and rows of islands that move (rows in no island are inactive: either value serves)
+        moves = ((~keep).to(qacc.dtype) @ p.island_dofs) > 0
+        rows_move = ((~keep).to(qacc.dtype) @ p.island_rows) > 0
         return (
             keep | converged,
-            torch.where(keep, qacc, new_qacc),
-            torch.where(keep, jar, new_jar),
-            torch.where(keep, grad, new_grad),
-            torch.where(keep, mgrad, new_mgrad),
-            torch.where(keep, search, new_search),
+            torch.where(moves, new_qacc, qacc),
+            torch.where(rows_move, new_jar, jar),
+            torch.where(moves, new_grad, grad),
+            torch.where(moves, new_mgrad, mgrad),
+            torch.where(moves, new_search, search),
         )
 
     carry = (done, qacc, jar, grad, mgrad, -mgrad)
@@ -589,14 +659,16 @@ def solve(m: Model, d: Data) -> Data:
     return finish(settings, inputs, solve_qacc(settings, inputs, unroll=True), d)
 
 
-def _hager_zhang(search: Tensor, grad: Tensor, mgrad: Tensor, new_grad: Tensor, new_mgrad: Tensor) -> Tensor:
-    """Conjugate direction with MuJoCo's Hager-Zhang beta, restarting when conjugacy is lost."""
+def _hager_zhang(dot, norm, island_dofs: Tensor, search: Tensor, grad: Tensor, mgrad: Tensor, new_grad: Tensor,
+                 new_mgrad: Tensor) -> Tensor:
+    """Conjugate direction with MuJoCo's Hager-Zhang beta (one per island: ``dot`` and ``norm`` reduce
+    over each island's dofs [K]), restarting when conjugacy is lost."""
     y = new_grad - grad
     My = new_mgrad - mgrad
-    d_dot_y = (search * y).sum(-1)
+    d_dot_y = dot(search, y)
     ok = d_dot_y >= math.MINVAL
     dy = torch.where(ok, d_dot_y, 1.0)
-    beta_hz = ((y * new_mgrad).sum(-1) - 2 * ((y * My).sum(-1) / dy) * (search * new_grad).sum(-1)) / dy
-    eta_k = -1.0 / torch.clamp(math.safe_norm(search) * torch.clamp(math.safe_norm(new_grad), max=0.01), min=math.MINVAL)
+    beta_hz = (dot(y, new_mgrad) - 2 * (dot(y, My) / dy) * dot(search, new_grad)) / dy
+    eta_k = -1.0 / torch.clamp(norm(search) * torch.clamp(norm(new_grad), max=0.01), min=math.MINVAL)
     beta = torch.where(ok, torch.maximum(eta_k, beta_hz), 0.0)
-    return -new_mgrad + beta * search
+    return -new_mgrad + (beta @ island_dofs) * search
