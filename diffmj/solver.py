@@ -315,8 +315,8 @@ def _no_step(like: Tensor) -> LinePoint:
     """alpha = 0 (what MuJoCo returns when no point improves), with curvature 1 so that a Newton step
     from it is finite: a finished island's values still pass through the masked evaluations, whose
     per-island sums (matmuls) would spread a NaN to every island. Four tensors: scan refuses aliased carries."""
-    zero = (torch.zeros_like(like) for _ in range(3))
-    return LinePoint(*zero, torch.ones_like(like))
+    zero = (like * 0.0 for _ in range(3))  # laid out like ``like``: see _line_search's carry
+    return LinePoint(*zero, like * 0.0 + 1.0)
 
 
 def _newton(point: LinePoint) -> Tensor:
@@ -354,8 +354,11 @@ def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Te
     done = tiny | ((p1.slope.abs() < gtol) & ((p1.alpha == 0) | (p1.cost < 0)))
     p1 = _pick(tiny, _no_step(gtol), p1)  # a finished search's result is kept in p1
     forward = p1.slope < 0  # the direction of the first step: towards larger alpha
-    bracketing = torch.zeros_like(done)
-    evaluations = torch.full_like(gtol, 2, dtype=torch.int64)
+    # carries computed from gtol and done, not made by zeros_like: under compiled vmap a carry made
+    # afresh may be laid out otherwise than the body's outputs where it has a size-1 dimension (one
+    # island), which the while_loop that inductor lowers scan to refuses
+    bracketing = done & ~done
+    evaluations = (gtol * 0.0).long() + 2
 
     def iterate(carry):
         done, bracketing, evaluations = carry[:3]

@@ -15,6 +15,7 @@ import copy
 import mujoco
 import numpy as np
 import pytest
+import torch
 
 import diffmj
 from tests.conftest import BENCHMARK_MODELS, TOL, assert_close
@@ -136,3 +137,19 @@ def test_random_contact_models(seed):
     mjm.opt.iterations, mjm.opt.ls_iterations = int(rng.integers(1, 4)), int(rng.integers(1, 9))
     mjm.opt.solver = mujoco.mjtSolver.mjSOL_CG if seed % 3 == 0 else mujoco.mjtSolver.mjSOL_NEWTON
     _check_states(mjm, _rollout(mjm, (30, 60, 90), seed=seed, ctrl_scale=1.0))
+
+
+@pytest.mark.slow  # the compile takes minutes (9 on this project's loaded 2-core machine)
+def test_islands_batched_and_compiled():
+    """vmap equals each state alone, and compile(vmap(step)) equals eager, where the states' islands differ
+    (one box landed, then both: the island masks are batched like the states)."""
+    mjm = mujoco.MjModel.from_xml_string(ISLANDS)
+    m = diffmj.put_model(mjm)
+    datas = [diffmj.put_data(m, mjd) for mjd in _rollout(mjm, (65, 90, 140))]
+    batch = torch.stack(datas)
+    stepped = diffmj.step(m, batch)
+    for i, d in enumerate(datas):
+        assert_close("qvel", stepped[i].qvel, diffmj.step(m, d).qvel, TOL["compiled"])
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True)
+    assert_close("qvel", compiled(m, batch).qvel, stepped.qvel, TOL["compiled"])
