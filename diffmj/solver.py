@@ -172,7 +172,10 @@ class ConeLine(NamedTuple):
     VV: Tensor  # |tangential V|^2
     Dm: Tensor  # D0 / (mu^2 (1 + mu^2)): the cone zone's stiffness
     mu: Tensor
-    bottom: Tensor  # [3, k] (q0, q1, q2): the bottom zone's cost 0.5 sum D x^2 is q0 + q1 alpha + q2 alpha^2
+    # the bottom zone's cost 0.5 sum D x^2 is q0 + q1 alpha + q2 alpha^2 (three tensors: scan refuses aliases)
+    q0: Tensor
+    q1: Tensor
+    q2: Tensor
     active: Tensor  # bool
     island: Tensor  # [K, k] 1 where the cone is in island k
 
@@ -219,11 +222,11 @@ def _prepare_line(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor) -> Line
         scale = torch.cat((mu[:, None], friction), -1)
         U, V = jar[rows] * scale, Jv[rows] * scale
         D = p.D[rows]
-        bottom = torch.stack((0.5 * (jar[rows] * D * jar[rows]).sum(-1), (Jv[rows] * D * jar[rows]).sum(-1),
-                              0.5 * (Jv[rows] * D * Jv[rows]).sum(-1)))
         cones.append(ConeLine(
             U0=U[:, 0], V0=V[:, 0], UU=(U[:, 1:] ** 2).sum(-1), UV=(U[:, 1:] * V[:, 1:]).sum(-1),
-            VV=(V[:, 1:] ** 2).sum(-1), Dm=D[:, 0] / (mu * mu * (1 + mu * mu)), mu=mu, bottom=bottom,
+            VV=(V[:, 1:] ** 2).sum(-1), Dm=D[:, 0] / (mu * mu * (1 + mu * mu)), mu=mu,
+            q0=0.5 * (jar[rows] * D * jar[rows]).sum(-1), q1=(Jv[rows] * D * jar[rows]).sum(-1),
+            q2=0.5 * (Jv[rows] * D * Jv[rows]).sum(-1),
             active=p.active[rows[:, 0]], island=p.island_rows[:, rows[:, 0]]))
     return Line(jar, Jv, scalar, gauss1, gauss2, tuple(cones))
 
@@ -243,7 +246,7 @@ def _cone_point(c: ConeLine, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     Each pair of zones has its own closed form: where both ends lie in the same zone the
     change is computed directly, free of the cancellation of two costs.
     """
-    q0, q1, q2 = c.bottom
+    q0, q1, q2 = c.q0, c.q1, c.q2
     top0, bottom0, T0 = _cone_zone(c.U0, c.UU, c.mu)
     N = c.U0 + alpha * c.V0
     Tsqr = c.UU + alpha * (2 * c.UV + alpha * c.VV)
