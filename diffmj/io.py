@@ -279,8 +279,8 @@ def put_model(
               "dof_invweight0", "tendon_length0", "pair_margin", "pair_gap"):
         fields[f] = fields[f].reshape(-1)
     collision_plan = build_collision_plan(mjm, dtype, device)
-    constraint_plan = build_constraint_plan(mjm, collision_plan.contact_dim, dtype, device)
     contact_geom = collision_plan.contact_geom.cpu().numpy()
+    constraint_plan = build_constraint_plan(mjm, collision_plan.contact_dim, contact_geom, dtype, device)
     return Model(
         opt=opt,
         tree=build_tree_plan(mjm, dtype, device),

@@ -366,6 +366,10 @@ class ConstraintPlan(PyTreeNode):
     eq_obj2: Tensor  # [neq] second object (0 when there is none)
     eq_has_obj2: Tensor  # [neq] 1 when the equality has a second object
     frictional_rows: Tensor  # [nefc] bool: frictionloss and elliptic tangent rows (no stiffness)
+    # constraint islands (mj_island): the kinematic trees (MuJoCo's tree ids) each row touches
+    efc_tree: Tensor  # [nefc, ntree] 1 where MuJoCo names the row's trees (dof, joint, geoms, connect / weld bodies)
+    efc_tree_from_J: Tensor  # [nefc] bool: the other rows, whose trees are those of their Jacobian's nonzeros
+    dof_tree: Tensor  # [nv, ntree] 1 at each dof's tree
     efc_type: tuple[int, ...] = static_field()
     efc_id: tuple[int, ...] = static_field()
     ne: int = static_field()  # equality rows
@@ -373,10 +377,43 @@ class ConstraintPlan(PyTreeNode):
     nl: int = static_field()  # limit rows
     nefc: int = static_field()
     elliptic: bool = static_field()
+    islands: bool = static_field()  # the solver splits the problem by island (mjDSBL_ISLAND not set)
 
 
-def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> ConstraintPlan:
-    """Row layout for the model's equalities, frictionloss, limits and contact slots."""
+def _row_trees(mjm, efc_type: list[int], efc_id: list[int], contact_geom: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(efc_tree [nefc, ntree], efc_tree_from_J [nefc]) as mj_island finds each row's trees (treeIterInit)."""
+    trees = np.zeros((len(efc_type), mjm.ntree))
+    from_J = np.zeros(len(efc_type), dtype=bool)
+
+    def touch(row: int, body: int) -> None:
+        if body >= 0 and mjm.body_treeid[body] >= 0:  # no body (-1), the world and static bodies: no tree
+            trees[row, mjm.body_treeid[body]] = 1
+
+    contact_types = (ConstraintType.CONTACT_FRICTIONLESS, ConstraintType.CONTACT_PYRAMIDAL,
+                     ConstraintType.CONTACT_ELLIPTIC)
+    for row, (kind, obj) in enumerate(zip(efc_type, efc_id)):
+        if kind == ConstraintType.FRICTION_DOF:
+            trees[row, mjm.dof_treeid[obj]] = 1
+        elif kind == ConstraintType.LIMIT_JOINT:
+            trees[row, mjm.dof_treeid[mjm.jnt_dofadr[obj]]] = 1
+        elif kind in contact_types:
+            for geom in contact_geom[obj]:
+                touch(row, mjm.geom_bodyid[geom])
+        elif kind == ConstraintType.EQUALITY and mjm.eq_type[obj] in (EqType.CONNECT, EqType.WELD):
+            bodies = (mjm.eq_obj1id[obj], mjm.eq_obj2id[obj])
+            if mjm.eq_objtype[obj] == ObjType.SITE:
+                bodies = tuple(mjm.site_bodyid[b] if b >= 0 else -1 for b in bodies)
+            for body in bodies:
+                touch(row, body)
+        else:
+            from_J[row] = True
+    return trees, from_J
+
+
+def build_constraint_plan(mjm, contact_dim: tuple[int, ...], contact_geom: np.ndarray, dtype,
+                          device) -> ConstraintPlan:
+    """Row layout for the model's equalities, frictionloss, limits and contact slots; ``contact_geom``
+    [ncon, 2] are the geoms of each contact slot."""
     flags = mjm.opt.disableflags
     if flags & DisableBit.CONSTRAINT:
         contact_dim = ()
@@ -440,7 +477,12 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
             for first in group.row.tolist():
                 for j in range(1, group.dim):
                     frictional[first + j] = True
+    efc_tree, efc_tree_from_J = _row_trees(mjm, efc_type, efc_id, contact_geom)
     return ConstraintPlan(
+        efc_tree=_floats(efc_tree, dtype, device),
+        efc_tree_from_J=torch.as_tensor(efc_tree_from_J, dtype=torch.bool, device=device),
+        dof_tree=_floats(np.eye(mjm.ntree)[mjm.dof_treeid].reshape(mjm.nv, mjm.ntree), dtype, device),
+        islands=not flags & DisableBit.ISLAND,
         eq_obj1=_long(mjm.eq_obj1id, device),
         eq_obj2=_long(np.maximum(obj2, 0), device),
         eq_has_obj2=_floats(obj2 >= 0, dtype, device),
