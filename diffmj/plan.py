@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffmj.collision.plan import CollisionPlan
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
 from diffmj.math import MINVAL
 from diffmj.enums import (
@@ -298,8 +299,13 @@ class ConstraintPlan(PyTreeNode):
     eq_obj2: Tensor  # [neq] second object (0 when there is none)
     eq_has_obj2: Tensor  # [neq] 1 when the equality has a second object
     frictional_rows: Tensor  # [nefc] bool: frictionloss and elliptic tangent rows (no stiffness)
+    efc_tree: Tensor  # [nefc, ntree] bool: the kinematic trees each row couples (constraint islands)
+    dof_tree: Tensor  # [nv] the kinematic tree of each dof
     efc_type: tuple[int, ...] = static_field()
     efc_id: tuple[int, ...] = static_field()
+    # (first row, slot, condim) of each contact with friction rows, in MuJoCo's contact order
+    # (the order its noslip sweep visits them: efc rows follow d.contact there)
+    frictional_contacts: tuple[tuple[int, int, int], ...] = static_field()
     ne: int = static_field()  # equality rows
     nf: int = static_field()  # friction rows
     nl: int = static_field()  # limit rows
@@ -307,8 +313,43 @@ class ConstraintPlan(PyTreeNode):
     elliptic: bool = static_field()
 
 
-def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> ConstraintPlan:
-    """Row layout for the model's equalities, frictionloss, limits and contact slots."""
+_CONTACT_TYPES = (ConstraintType.CONTACT_FRICTIONLESS, ConstraintType.CONTACT_PYRAMIDAL,
+                  ConstraintType.CONTACT_ELLIPTIC)
+
+
+def _row_trees(mjm, kind: int, element) -> list[int]:
+    """Kinematic trees a constraint row couples, by MuJoCo's rules (unionConstraintTrees).
+
+    element: the row's efc_id, or for a contact the slot's two geoms. Rows MuJoCo finds by
+    scanning their Jacobian (tendons, joint equalities) take the trees of the dofs it can
+    touch (the sparse Jacobian's pattern).
+    """
+    if kind == ConstraintType.FRICTION_DOF:
+        return [mjm.dof_treeid[element]]
+    if kind == ConstraintType.LIMIT_JOINT:
+        return [mjm.dof_treeid[mjm.jnt_dofadr[element]]]
+    if kind in _CONTACT_TYPES:
+        trees = [mjm.body_treeid[mjm.geom_bodyid[g]] for g in element]
+    elif kind == ConstraintType.EQUALITY and mjm.eq_type[element] in (EqType.CONNECT, EqType.WELD):
+        trees = [mjm.body_treeid[b] for b in (mjm.eq_obj1id[element], mjm.eq_obj2id[element])]
+    elif kind == ConstraintType.EQUALITY and mjm.eq_type[element] == EqType.JOINT:
+        joints = [j for j in (mjm.eq_obj1id[element], mjm.eq_obj2id[element]) if j >= 0]
+        trees = [mjm.dof_treeid[mjm.jnt_dofadr[j]] for j in joints]
+    else:  # tendon friction, limit or equality: the tendon's joints (fixed tendons)
+        tendons = [element] if kind != ConstraintType.EQUALITY else [
+            t for t in (mjm.eq_obj1id[element], mjm.eq_obj2id[element]) if t >= 0]
+        joints = [mjm.wrap_objid[a] for t in tendons
+                  for a in range(mjm.tendon_adr[t], mjm.tendon_adr[t] + mjm.tendon_num[t])]
+        trees = [mjm.dof_treeid[mjm.jnt_dofadr[j]] for j in joints]
+    return [int(t) for t in trees if t >= 0]
+
+
+def build_constraint_plan(mjm, collision_plan: CollisionPlan, dtype, device) -> ConstraintPlan:
+    """Row layout for the model's equalities, frictionloss, limits and contact slots.
+
+    The collision plan gives the contact slots' condim, geoms and MuJoCo's contact order.
+    """
+    contact_dim, contact_order = collision_plan.contact_dim, collision_plan.contact_order
     flags = mjm.opt.disableflags
     if flags & DisableBit.CONSTRAINT:
         contact_dim = ()
@@ -365,6 +406,13 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
                 rows_per_contact=per,
             )
         )
+    slot_geom = collision_plan.contact_geom.tolist()
+    efc_tree = np.zeros((len(efc_type), mjm.ntree), dtype=bool)
+    for row, (kind, i) in enumerate(zip(efc_type, efc_id)):
+        efc_tree[row, _row_trees(mjm, kind, slot_geom[i] if kind in _CONTACT_TYPES else i)] = True
+    first_row = {s: r for group in contacts for s, r in zip(group.slot.tolist(), group.row.tolist())}
+    frictional_contacts = tuple((first_row[s], s, contact_dim[s]) for s in contact_order
+                                if s in first_row and contact_dim[s] > 1)
     obj2 = np.asarray(mjm.eq_obj2id, dtype=np.int64).reshape(-1)
     frictional = [t in (ConstraintType.FRICTION_DOF, ConstraintType.FRICTION_TENDON) for t in efc_type]
     for group in contacts:
@@ -377,10 +425,13 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], dtype, device) -> C
         eq_obj2=_long(np.maximum(obj2, 0), device),
         eq_has_obj2=_floats(obj2 >= 0, dtype, device),
         frictional_rows=torch.as_tensor(frictional, dtype=torch.bool, device=device),
+        efc_tree=torch.as_tensor(efc_tree, device=device),
+        dof_tree=_long(mjm.dof_treeid, device),
         **{name: _long(ids, device) for name, ids in elements.items()},
         contacts=tuple(contacts),
         efc_type=tuple(efc_type),
         efc_id=tuple(efc_id),
+        frictional_contacts=frictional_contacts,
         ne=ne,
         nf=nf,
         nl=nl,
