@@ -74,12 +74,12 @@ def _pyramid_pair(Ac: Tensor, bc: Tensor, old: Tensor) -> Tensor:
     return torch.stack((mid + y, mid - y))
 
 
-def _qcqp(Ac: Tensor, bc: Tensor, friction: Tensor, normal: Tensor, skip: Tensor) -> Tensor:
+def _qcqp(Ac: Tensor, bc: Tensor, friction: Tensor, normal: Tensor, skip: Tensor, unroll: bool) -> Tensor:
     """min 0.5 v'Ac v + bc'v subject to sum (v_j / friction_j)^2 <= normal^2 (mju_QCQP2/3/QCQP). [n]
 
     Newton's method on the multiplier la of the scaled problem, with MuJoCo's tests: a
     (near-)singular A + la I gives 0; a solution on the constraint is put on the ellipsoid.
-    skip: the answer is not used (its iterations need not run).
+    skip: the answer is not used (its iterations need not run). unroll: as for bounded_loop.
     """
     n = bc.shape[-1]
     b = bc * friction
@@ -110,7 +110,7 @@ def _qcqp(Ac: Tensor, bc: Tensor, friction: Tensor, normal: Tensor, skip: Tensor
 
     zero = torch.zeros_like(normal)
     carry = (skip, torch.zeros_like(skip), zero, torch.zeros_like(b))
-    _, singular, la, v = bounded_loop(iterate, carry, _QCQP_ITERATIONS, unroll=True)
+    _, singular, la, v = bounded_loop(iterate, carry, _QCQP_ITERATIONS, unroll)
     v = v * friction
     # on the constraint (la > 0): onto the ellipsoid, in case the Newton iterations stopped short
     s = (v * v / (friction * friction)).sum(-1)
@@ -201,6 +201,7 @@ def noslip(m: Model, d: Data) -> Data:
         blocks = [(edge, 2, row, slot) for row, slot, dim in plan.frictional_contacts
                   for edge in range(row, row + 2 * (dim - 1), 2)]
     block_A = [_block(A, R, start, n) for start, n, _, _ in blocks]
+    unroll = derivative_requested((J, R, A, b, d.efc_force))  # differentiated: Python loops
 
     def sweep(carry):
         _, island_done, first, force = carry
@@ -221,7 +222,7 @@ def noslip(m: Model, d: Data) -> Data:
             bc = res - Ac @ old  # the block's linear term without its own forces
             if elliptic:
                 unloaded = force[row] < math.MINVAL
-                new = _qcqp(Ac, bc, d.contact.friction[slot, :n], force[row], unloaded | ~live[row])
+                new = _qcqp(Ac, bc, d.contact.friction[slot, :n], force[row], unloaded | ~live[row], unroll)
                 new = torch.where(unloaded, 0.0, new)
             else:
                 new = _pyramid_pair(Ac, bc, old)
@@ -231,10 +232,9 @@ def noslip(m: Model, d: Data) -> Data:
         island_done = island_done | (scale * improvement < opt.noslip_tolerance)
         return island_done.all(), island_done, torch.zeros_like(first), force
 
-    tensors = (J, R, A, b, d.efc_force)
     no = torch.zeros_like(active[0])
     start = (no, torch.zeros_like(row_island[0]), ~no, d.efc_force)
-    force = bounded_loop(sweep, start, opt.noslip_iterations, unroll=derivative_requested(tensors),
+    force = bounded_loop(sweep, start, opt.noslip_iterations, unroll,
                          early_exit=m.early_exit)[3]
     qfrc_constraint = J.transpose(-1, -2) @ force
     return d.replace(
