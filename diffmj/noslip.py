@@ -18,7 +18,9 @@ the dual state of the forces (mj_dualFinish), as MuJoCo reports them.
 The sweep is MuJoCo's: sequential over blocks (frictionloss rows in row order,
 then contacts in the order of MuJoCo's d.contact), each seeing the forces the
 ones before it set, so a sweep unrolls into a fixed sequence of small updates of
-one force vector. Rows a step does not instantiate (``efc_active`` false) keep
+one force vector. A (nefc x nefc) is never formed: a block reads its residual
+from M^-1 J' f, carried along and updated with each block's change (memory and
+time per block O(nv), as for the main solver's rows). Rows a step does not instantiate (``efc_active`` false) keep
 force 0. The sweeps run in ``workarounds.bounded_loop`` (traced once under
 torch.compile, stopping when converged); a vmapped batch freezes each element
 once its own improvement passes the test, so it gives what each element gives
@@ -48,11 +50,12 @@ _QCQP_ITERATIONS = 20  # mju_QCQP's Newton iterations on the multiplier
 _SMALL = 1e-10  # MuJoCo's thresholds in extractBlock, costChange and mju_QCQP
 
 
-def _block(A: Tensor, R: Tensor, start: int, n: int) -> Tensor:
-    """Diagonal block [n, n] of A, its diagonal (A + R) - R clamped at 1e-10 (extractBlock)."""
-    block = A[start:start + n, start:start + n]
+def _block(half: Tensor, R: Tensor, start: int, n: int) -> Tensor:
+    """Diagonal block [n, n] of A = half' half, its diagonal (A + R) - R clamped at 1e-10 (extractBlock)."""
+    rows = half[:, start:start + n]
+    block = rows.transpose(-1, -2) @ rows
     diag = torch.clamp((torch.diagonal(block) + R[start:start + n]) - R[start:start + n], min=_SMALL)
-    return torch.where(torch.eye(n, dtype=torch.bool, device=A.device), torch.diag_embed(diag), block)
+    return torch.where(torch.eye(n, dtype=torch.bool, device=half.device), torch.diag_embed(diag), block)
 
 
 def _cost_change(Ac: Tensor, new: Tensor, old: Tensor, res: Tensor) -> tuple[Tensor, Tensor]:
@@ -186,11 +189,13 @@ def noslip(m: Model, d: Data) -> Data:
     plan, opt = m.constraint_plan, m.opt
     elliptic = opt.cone == ConeType.ELLIPTIC
     J, R, active, floss = d.efc_J, d.efc_R, d.efc_active, d.efc_frictionloss
+    # A = J M^-1 J' = half' half is never formed ([nefc, nefc]): a row's residual b + A f is
+    # b + J (M^-1 J' f), with M^-1 J' f carried and updated as the forces change
     half = torch.linalg.solve_triangular(d.qLD, J.transpose(-1, -2), upper=False)  # L^-1 J', M = L L'
-    A = half.transpose(-1, -2) @ half  # J M^-1 J', symmetric to the last bit
+    minv_jt = torch.linalg.solve_triangular(d.qLD.transpose(-1, -2), half, upper=True)  # M^-1 J' [nv, nefc]
     b = J @ d.qacc_smooth - d.efc_aref
     # 1 / diag(A), with MuJoCo's (AR - R) and its floor (ARdiaginv)
-    diag_inv = 1 / torch.clamp((torch.diagonal(A) + R) - R, min=math.MINVAL)
+    diag_inv = 1 / torch.clamp(((half * half).sum(0) + R) - R, min=math.MINVAL)
     island, scale = _island_scales(m, d)
     row_island = island[:, None] == torch.arange(scale.shape[-1], device=island.device)  # [nefc, ntree]
 
@@ -200,24 +205,25 @@ def noslip(m: Model, d: Data) -> Data:
     else:  # each pair of opposite pyramid edges
         blocks = [(edge, 2, row, slot) for row, slot, dim in plan.frictional_contacts
                   for edge in range(row, row + 2 * (dim - 1), 2)]
-    block_A = [_block(A, R, start, n) for start, n, _, _ in blocks]
-    unroll = derivative_requested((J, R, A, b, d.efc_force))  # differentiated: Python loops
+    block_A = [_block(half, R, start, n) for start, n, _, _ in blocks]
+    unroll = derivative_requested((J, R, half, b, d.efc_force))  # differentiated: Python loops
 
     def sweep(carry):
-        _, island_done, first, force = carry
+        _, island_done, first, force, acc = carry  # acc = M^-1 J' force
         live = active & ~island_done[island]  # rows that still move
         # MuJoCo's first sweep counts the regulariser's cost the main solver's forces carried
         improvement = torch.where(first, (row_island * (0.5 * force * force * R)[:, None]).sum(0), 0.0)
         for i in range(plan.ne, plan.ne + plan.nf):
-            res = b[i] + A[i] @ force
+            res = b[i] + J[i] @ acc
             new = torch.clamp(force[i] - res * diag_inv[i], min=-floss[i], max=floss[i])
             delta = torch.where(live[i], new - force[i], 0.0)
             improvement = improvement - (0.5 * delta * delta / diag_inv[i] + delta * res) * row_island[i]
             force = torch.cat((force[:i], (force[i] + delta)[None], force[i + 1:]))
+            acc = acc + minv_jt[:, i] * delta
         for (start, n, row, slot), Ac in zip(blocks, block_A):
             if all_true(~live[row]):  # eager only: an empty or converged contact's update changes nothing
                 continue
-            res = b[start:start + n] + A[start:start + n] @ force
+            res = b[start:start + n] + J[start:start + n] @ acc
             old = force[start:start + n]
             bc = res - Ac @ old  # the block's linear term without its own forces
             if elliptic:
@@ -227,13 +233,15 @@ def noslip(m: Model, d: Data) -> Data:
             else:
                 new = _pyramid_pair(Ac, bc, old)
             new, change = _cost_change(Ac, new, old, res)
-            force = torch.cat((force[:start], torch.where(live[row], new, old), force[start + n:]))
+            new = torch.where(live[row], new, old)
+            force = torch.cat((force[:start], new, force[start + n:]))
+            acc = acc + minv_jt[:, start:start + n] @ (new - old)
             improvement = improvement - torch.where(live[row], change, 0.0) * row_island[row]
         island_done = island_done | (scale * improvement < opt.noslip_tolerance)
-        return island_done.all(), island_done, torch.zeros_like(first), force
+        return island_done.all(), island_done, torch.zeros_like(first), force, acc
 
     no = torch.zeros_like(active[0])
-    start = (no, torch.zeros_like(row_island[0]), ~no, d.efc_force)
+    start = (no, torch.zeros_like(row_island[0]), ~no, d.efc_force, minv_jt @ d.efc_force)
     force = bounded_loop(sweep, start, opt.noslip_iterations, unroll,
                          early_exit=m.early_exit)[3]
     qfrc_constraint = J.transpose(-1, -2) @ force
