@@ -122,9 +122,10 @@ def check_supported(mjm: mujoco.MjModel) -> None:
 
     for t in range(mjm.ntendon):
         tname = _name(mjm, ObjType.TENDON, t)
-        adr, num = mjm.tendon_adr[t], mjm.tendon_num[t]
-        if np.any(mjm.wrap_type[adr : adr + num] != WrapType.JOINT):
-            _refuse(f"tendon {tname}: spatial tendons")
+        adr = mjm.tendon_adr[t]
+        if mjm.wrap_type[adr] != WrapType.JOINT and mjm.tendon_armature[t] != 0:
+            # its bias force needs the time derivative of ten_J (mj_tendonBias)
+            _refuse(f"tendon {tname}: armature on a spatial tendon")
         if np.any(mjm.tendon_stiffnesspoly[t]) or np.any(mjm.tendon_dampingpoly[t]):
             _refuse(f"tendon {tname}: polynomial stiffness / damping")
         if mjm.tendon_actuatorid[t] >= 0:
@@ -283,7 +284,7 @@ def put_model(
     return Model(
         opt=opt,
         tree=build_tree_plan(mjm, dtype, device),
-        tendon_plan=build_tendon_plan(mjm, device),
+        tendon_plan=build_tendon_plan(mjm, dtype, device),
         actuator_plan=build_actuator_plan(mjm, dtype, device),
         collision_plan=collision_plan,
         constraint_plan=constraint_plan,

@@ -3,7 +3,12 @@
 Every function works on the trailing dimension(s) and broadcasts over any
 leading dimensions, so it serves one body, all bodies of a tree level or a
 vmapped batch alike. Formulas follow MuJoCo's ``engine_util_spatial.c``
-term by term so that float64 results agree to rounding.
+term by term so that float64 results agree to rounding; the products and
+rotations (``quat_mul``, ``rot_vec_quat``, ``quat_to_mat``, ``cross``) sum their
+terms in MuJoCo 4's order and equal its ``mju_`` functions to the bit
+(tests/test_math.py). Those are written as one tensor of all products and a
+few indexed sums (``_signed_sums``), not one op per product: the stages call
+them hundreds of times, and each op is a node torch.compile traces and compiles.
 
 Singular points (zero-length vectors, zero rotation angles) use forms whose
 value matches MuJoCo and whose gradient is finite: the unused branch of every
@@ -52,19 +57,40 @@ def quat_normalize(q: Tensor) -> Tensor:
     return torch.where(keep, q.detach() + (unit - unit.detach()), unit)
 
 
+def _products(a: Tensor, b: Tensor) -> Tensor:
+    """Every product a_i * b_j, flattened: [..., n * m] for a [..., n], b [..., m] (index i * m + j)."""
+    return (a[..., :, None] * b[..., None, :]).flatten(-2)
+
+
+def _signed_sums(products: Tensor, terms: tuple[tuple[int, ...], ...], pairwise: bool = False) -> Tensor:
+    """out[..., r] = sum of +-products[..., |t| - 1] over t in terms[r]. [..., len(terms)]
+
+    A term t > 0 adds products[t - 1], t < 0 subtracts products[-t - 1]; summed left to right,
+    or for four terms ``pairwise`` as (t0 + t1) + (t2 + t3), as MuJoCo 4's C code sums them
+    (a - b is exactly a + (-b)), so the values are the C expression's to the bit, in a handful
+    of tensor ops: a graph that torch.compile traces and compiles far faster than one op per
+    product.
+    """
+    index = torch.tensor([[abs(t) - 1 for t in row] for row in terms], device=products.device)
+    sign = torch.tensor([[1.0 if t > 0 else -1.0 for t in row] for row in terms], dtype=products.dtype,
+                        device=products.device)
+    signed = products[..., index] * sign
+    if pairwise:
+        return (signed[..., 0] + signed[..., 1]) + (signed[..., 2] + signed[..., 3])
+    out = signed[..., 0]
+    for k in range(1, len(terms[0])):
+        out = out + signed[..., k]
+    return out
+
+
+# Hamilton product, (a0*b0 - a1*b1) + (-a2*b2 - a3*b3), ... (mju_mulQuat's sums): 1 + index of a_i * b_j
+# in _products(a, b)
+_QUAT_MUL = ((1, -6, -11, -16), (2, 5, 12, -15), (3, -8, 9, 14), (4, 7, -10, 13))
+
+
 def quat_mul(a: Tensor, b: Tensor) -> Tensor:
     """Hamilton product a * b. [..., 4]"""
-    a0, a1, a2, a3 = a.unbind(-1)
-    b0, b1, b2, b3 = b.unbind(-1)
-    return torch.stack(
-        (
-            a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
-            a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
-            a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
-            a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0,
-        ),
-        -1,
-    )
+    return _signed_sums(_products(a, b), _QUAT_MUL, pairwise=True)
 
 
 def quat_conj(q: Tensor) -> Tensor:
@@ -72,35 +98,28 @@ def quat_conj(q: Tensor) -> Tensor:
     return q * q.new_tensor([1.0, -1.0, -1.0, -1.0])
 
 
+# mju_rotVecQuat: t = q0 * v + q_xyz x v, then v + 2 q_xyz x t, each sum in MuJoCo's order
+_ROT_T = ((1, 9, -11), (2, 10, -6), (3, 5, -7))  # q0*v0 + q2*v2 - q3*v1, ... in _products(q, v)
+_ROT_OUT = ((9, -11), (10, -6), (5, -7))  # q2*t2 - q3*t1, q3*t0 - q1*t2, q1*t1 - q2*t0 in _products(q, t)
+
+
 def rot_vec_quat(v: Tensor, q: Tensor) -> Tensor:
     """Rotate vector v [..., 3] by unit quaternion q [..., 4] (mju_rotVecQuat)."""
-    q0, q1, q2, q3 = q.unbind(-1)
-    v0, v1, v2 = v.unbind(-1)
-    t0 = q0 * v0 + q2 * v2 - q3 * v1
-    t1 = q0 * v1 + q3 * v0 - q1 * v2
-    t2 = q0 * v2 + q1 * v1 - q2 * v0
-    return torch.stack(
-        (
-            v0 + 2 * (q2 * t2 - q3 * t1),
-            v1 + 2 * (q3 * t0 - q1 * t2),
-            v2 + 2 * (q1 * t1 - q2 * t0),
-        ),
-        -1,
-    )
+    t = _signed_sums(_products(q, v), _ROT_T)
+    return v + 2 * _signed_sums(_products(q, t), _ROT_OUT)
+
+
+# mju_quat2Mat: diagonal (q00 - q22) + (q11 - q33), ...; off-diagonal 2 (q12 - q03), ... in _products(q, q)
+_MAT_DIAGONAL = ((1, -11, 6, -16), (1, 11, -6, -16), (1, -11, -6, 16))
+_MAT_OFF_DIAGONAL = ((7, -4), (8, 3), (7, 4), (12, -2), (8, -3), (12, 2))  # 01, 02, 10, 12, 20, 21
+_MAT_LAYOUT = (0, 3, 4, 5, 1, 6, 7, 8, 2)  # [diagonal, off-diagonal] -> row-major 3x3
 
 
 def quat_to_mat(q: Tensor) -> Tensor:
     """Rotation matrix [..., 3, 3] of unit quaternion q [..., 4] (mju_quat2Mat)."""
-    q0, q1, q2, q3 = q.unbind(-1)
-    q00, q01, q02, q03 = q0 * q0, q0 * q1, q0 * q2, q0 * q3
-    q11, q12, q13 = q1 * q1, q1 * q2, q1 * q3
-    q22, q23, q33 = q2 * q2, q2 * q3, q3 * q3
-    rows = (
-        q00 + q11 - q22 - q33, 2 * (q12 - q03), 2 * (q13 + q02),
-        2 * (q12 + q03), q00 - q11 + q22 - q33, 2 * (q23 - q01),
-        2 * (q13 - q02), 2 * (q23 + q01), q00 - q11 - q22 + q33,
-    )
-    return torch.stack(rows, -1).unflatten(-1, (3, 3))
+    products = _products(q, q)
+    entries = torch.cat((_signed_sums(products, _MAT_DIAGONAL, pairwise=True), 2 * _signed_sums(products, _MAT_OFF_DIAGONAL)), -1)
+    return entries[..., list(_MAT_LAYOUT)].unflatten(-1, (3, 3))
 
 
 def axis_angle_to_quat(axis: Tensor, angle: Tensor) -> Tensor:
@@ -159,11 +178,12 @@ def mat_t_vec(mat: Tensor, v: Tensor) -> Tensor:
     return dot(mat.transpose(-1, -2), v[..., None, :])
 
 
+_CROSS = ((6, -8), (7, -3), (2, -4))  # a1*b2 - a2*b1, a2*b0 - a0*b2, a0*b1 - a1*b0 in _products(a, b)
+
+
 def cross(a: Tensor, b: Tensor) -> Tensor:
-    """3D cross product written out (torch.linalg.cross broadcasts less freely)."""
-    a0, a1, a2 = a.unbind(-1)
-    b0, b1, b2 = b.unbind(-1)
-    return torch.stack((a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0), -1)
+    """3D cross product [..., 3] (torch.linalg.cross broadcasts less freely)."""
+    return _signed_sums(_products(a, b), _CROSS)
 
 
 def cross_motion(vel: Tensor, v: Tensor) -> Tensor:
@@ -205,21 +225,15 @@ def inert_com(inertia: Tensor, mat: Tensor, offset: Tensor, mass: Tensor) -> Ten
     )
 
 
+# mju_mulInertVec: i0*v0 + i3*v1 + i4*v2 - i8*v4 + i7*v5, ... as 1 + index of i_a * v_b in _products(i, v)
+_INERT_ANGULAR = ((1, 20, 27, -53, 48), (19, 8, 33, 52, -42), (25, 32, 15, -46, 41))
+_INERT_LINEAR = ((50, -45, 58), (39, -49, 59), (43, -38, 60))  # i8*v1 - i7*v2 + i9*v3, ...
+
+
 def inert_mul(i: Tensor, v: Tensor) -> Tensor:
     """Multiply a motion vector v [..., 6] by the spatial inertia i [..., 10] (mju_mulInertVec)."""
-    i0, i1, i2, i3, i4, i5, i6, i7, i8, i9 = i.unbind(-1)
-    v0, v1, v2, v3, v4, v5 = v.unbind(-1)
-    return torch.stack(
-        (
-            i0 * v0 + i3 * v1 + i4 * v2 - i8 * v4 + i7 * v5,
-            i3 * v0 + i1 * v1 + i5 * v2 + i8 * v3 - i6 * v5,
-            i4 * v0 + i5 * v1 + i2 * v2 - i7 * v3 + i6 * v4,
-            i8 * v1 - i7 * v2 + i9 * v3,
-            i6 * v2 - i8 * v0 + i9 * v4,
-            i7 * v0 - i6 * v1 + i9 * v5,
-        ),
-        -1,
-    )
+    products = _products(i, v)
+    return torch.cat((_signed_sums(products, _INERT_ANGULAR), _signed_sums(products, _INERT_LINEAR)), -1)
 
 
 def transform_motion(vec: Tensor, new_pos: Tensor, old_pos: Tensor) -> Tensor:

@@ -24,9 +24,8 @@ time per block O(nv), as for the main solver's rows). Rows a step does not insta
 force 0. The sweeps run in ``workarounds.bounded_loop`` (traced once under
 torch.compile, stopping when converged); a vmapped batch freezes each element
 once its own improvement passes the test, so it gives what each element gives
-alone. MuJoCo runs noslip per constraint island, each stopping by its own test
-(diffmj sweeps the whole model and stops by the total): with islands enabled
-the two differ where the islands would stop after different sweeps.
+alone. As in MuJoCo, each constraint island (``solver.islands``) stops after its
+own first sweep whose improvement passes the test.
 
 Gradients flow through the unrolled sweeps (the operations as executed,
 including the QCQP's Newton iterations), and through the main solver's forces,
@@ -41,8 +40,9 @@ import torch
 from torch import Tensor
 
 from diffmj import math
-from diffmj.enums import ConeType, ConstraintState, DisableBit
+from diffmj.enums import ConeType, ConstraintState
 from diffmj.smooth import solve_m
+from diffmj.solver import islands
 from diffmj.types import Data, Model
 from diffmj.workarounds import all_true, bounded_loop, derivative_requested
 
@@ -148,36 +148,19 @@ def _dual_state(m: Model, d: Data, force: Tensor) -> Tensor:
     return torch.where(d.efc_active, state, int(S))
 
 
-def _island_labels(m: Model, d: Data) -> Tensor:
-    """Constraint island of each kinematic tree, named by its lowest tree (mj_island). [ntree] long
-
-    Trees are linked by the active rows coupling them; the components come from the
-    reachability matrix, squared until it spans the longest possible chain of trees.
-    """
-    coupled = (m.constraint_plan.efc_tree & d.efc_active[:, None]).to(d.efc_J.dtype)  # [nefc, ntree]
-    ntree = coupled.shape[-1]
-    reach = (coupled.transpose(-1, -2) @ coupled + torch.eye(ntree, dtype=coupled.dtype, device=coupled.device)) > 0
-    for _ in range(max(ntree - 1, 1).bit_length()):
-        reach = (reach.to(coupled.dtype) @ reach.to(coupled.dtype)) > 0
-    return reach.long().argmax(-1)  # the first tree each tree reaches
-
-
 def _island_scales(m: Model, d: Data) -> tuple[Tensor, Tensor]:
-    """(island of each row [nefc] long, improvement scale of each island [ntree]).
+    """(island of each row [nefc] long, improvement scale of each island [K]), the solver's islands.
 
     With islands (MuJoCo's default) an island's scale is 1 / the trace of its block of M;
     with ``island`` disabled every row is in island 0, scaled by 1 / (meaninertia nv).
     """
-    plan = m.constraint_plan
-    ntree = plan.efc_tree.shape[-1]
-    if m.opt.disabled(DisableBit.ISLAND):
-        scale = torch.where(torch.arange(ntree, device=m.device) == 0, 1 / (m.stat_meaninertia * max(1, m.nv)), 0.0)
-        return torch.zeros_like(plan.efc_tree[:, 0], dtype=torch.long), scale
-    label = _island_labels(m, d)
-    dof_island = label[plan.dof_tree][:, None] == torch.arange(ntree, device=m.device)  # [nv, ntree]
-    inertia = (dof_island * torch.diagonal(d.qM)[:, None]).sum(0)
+    dofs, rows = islands(m, d)  # [K, nv], [K, nefc]
+    if not m.constraint_plan.islands:
+        scale = (1 / (m.stat_meaninertia * max(1, m.nv))).reshape(1).to(d.efc_J.dtype)
+        return torch.zeros(rows.shape[-1], dtype=torch.long, device=m.device), scale
+    inertia = dofs @ torch.diagonal(d.qM)
     scale = torch.where(inertia > 0, 1 / torch.where(inertia > 0, inertia, 1.0), 0.0)
-    return label[plan.efc_tree.long().argmax(-1)], scale
+    return rows.argmax(0), scale
 
 
 def noslip(m: Model, d: Data) -> Data:

@@ -28,6 +28,7 @@ from diffmj.enums import (
     SensorType,
     Stage,
     TrnType,
+    WrapType,
 )
 
 
@@ -40,12 +41,35 @@ def _floats(values, dtype, device) -> Tensor:
 
 
 @pytree_dataclass
-class TendonPlan(PyTreeNode):
-    """Fixed tendons as sums over wrap entries."""
+class TendonSpans(PyTreeNode):
+    """Spans of spatial tendons from one site to the next, of one kind: straight, or past a sphere or cylinder.
 
-    wrap_tendon: Tensor  # [nwrap] tendon of each wrap entry
-    wrap_qposadr: Tensor  # [nwrap] qpos address of its joint
-    wrap_dofadr: Tensor  # [nwrap] dof address of its joint
+    A span belongs to one tendon and is divided by the divisor of the pulley before it
+    (MuJoCo's pulleys split a tendon into branches that share its length).
+    """
+
+    wrap_type: WrapType = static_field()  # NONE (straight), SPHERE or CYLINDER
+    tendon: Tensor  # [k]
+    site0: Tensor  # [k] the sites the span runs between
+    site1: Tensor  # [k]
+    pulley: Tensor  # [k] wrap entry of the pulley before the span (its divisor in wrap_prm); -1 if none
+    geom: Tensor  # [k] the wrapping geom (0 for straight spans)
+    sidesite: Tensor  # [k] the geom's side site (0 where there is none)
+    has_side: Tensor  # [k] bool
+    moving: Tensor  # [k] 1 where site0 and site1 are on different bodies (MuJoCo skips the others' Jacobian)
+    moving_in: Tensor  # [k] 1 where site0 and the geom are on different bodies (wrap spans)
+    moving_out: Tensor  # [k] 1 where the geom and site1 are on different bodies (wrap spans)
+
+
+@pytree_dataclass
+class TendonPlan(PyTreeNode):
+    """Fixed tendons as sums over their joint entries; spatial tendons as spans grouped by kind."""
+
+    joint_wrap: Tensor  # [k] wrap entries of fixed tendons (their coefficients in wrap_prm)
+    joint_tendon: Tensor  # [k] tendon of each
+    joint_qposadr: Tensor  # [k] qpos address of its joint
+    joint_dofadr: Tensor  # [k] dof address of its joint
+    spans: tuple[TendonSpans, ...]  # non-empty groups of straight, sphere and cylinder spans
 
 
 @pytree_dataclass
@@ -98,15 +122,59 @@ class ActuatorPlan(PyTreeNode):
     any_actearly: bool = static_field()
 
 
-def build_tendon_plan(mjm, device) -> TendonPlan:
+def _spatial_spans(mjm, t: int) -> list[tuple]:
+    """(wrap type, site0, site1, pulley, geom, sidesite) of each span of spatial tendon t, as mj_tendon walks it."""
+    adr, num = mjm.tendon_adr[t], mjm.tendon_num[t]
+    types, ids, prm = mjm.wrap_type[adr : adr + num], mjm.wrap_objid[adr : adr + num], mjm.wrap_prm[adr : adr + num]
+    spans, pulley, j = [], -1, 0
+    while j < num - 1:
+        if WrapType.PULLEY in (types[j], types[j + 1]):
+            if types[j] == WrapType.PULLEY:
+                pulley = adr + j
+            j += 1
+        elif types[j + 1] in (WrapType.SPHERE, WrapType.CYLINDER):
+            spans.append((types[j + 1], ids[j], ids[j + 2], pulley, ids[j + 1], int(round(prm[j + 1]))))
+            j += 2
+        else:
+            spans.append((WrapType.NONE, ids[j], ids[j + 1], pulley, 0, -1))
+            j += 1
+    return spans
+
+
+def build_tendon_plan(mjm, dtype, device) -> TendonPlan:
+    joint_wrap = np.flatnonzero(mjm.wrap_type == WrapType.JOINT)
     wrap_tendon = np.zeros(mjm.nwrap, dtype=int)
     for t in range(mjm.ntendon):
         wrap_tendon[mjm.tendon_adr[t] : mjm.tendon_adr[t] + mjm.tendon_num[t]] = t
-    jnt = mjm.wrap_objid
+    jnt = mjm.wrap_objid[joint_wrap]
+    spans = [(t, *span) for t in range(mjm.ntendon) if mjm.wrap_type[mjm.tendon_adr[t]] != WrapType.JOINT
+             for span in _spatial_spans(mjm, t)]
+    site_body, geom_body = mjm.site_bodyid, mjm.geom_bodyid
+    groups = []
+    for kind in (WrapType.NONE, WrapType.SPHERE, WrapType.CYLINDER):
+        members = [s for s in spans if s[1] == kind]
+        if not members:
+            continue
+        tendon, _, site0, site1, pulley, geom, side = (np.asarray(c, dtype=int) for c in zip(*members))
+        groups.append(TendonSpans(
+            wrap_type=kind,
+            tendon=_long(tendon, device),
+            site0=_long(site0, device),
+            site1=_long(site1, device),
+            pulley=_long(pulley, device),
+            geom=_long(geom, device),
+            sidesite=_long(np.maximum(side, 0), device),
+            has_side=torch.as_tensor(side >= 0, device=device),
+            moving=_floats(site_body[site0] != site_body[site1], dtype, device),
+            moving_in=_floats(site_body[site0] != geom_body[geom], dtype, device),
+            moving_out=_floats(geom_body[geom] != site_body[site1], dtype, device),
+        ))
     return TendonPlan(
-        wrap_tendon=_long(wrap_tendon, device),
-        wrap_qposadr=_long(mjm.jnt_qposadr[jnt], device),
-        wrap_dofadr=_long(mjm.jnt_dofadr[jnt], device),
+        joint_wrap=_long(joint_wrap, device),
+        joint_tendon=_long(wrap_tendon[joint_wrap], device),
+        joint_qposadr=_long(mjm.jnt_qposadr[jnt], device),
+        joint_dofadr=_long(mjm.jnt_dofadr[jnt], device),
+        spans=tuple(groups),
     )
 
 
@@ -299,8 +367,10 @@ class ConstraintPlan(PyTreeNode):
     eq_obj2: Tensor  # [neq] second object (0 when there is none)
     eq_has_obj2: Tensor  # [neq] 1 when the equality has a second object
     frictional_rows: Tensor  # [nefc] bool: frictionloss and elliptic tangent rows (no stiffness)
-    efc_tree: Tensor  # [nefc, ntree] bool: the kinematic trees each row couples (constraint islands)
-    dof_tree: Tensor  # [nv] the kinematic tree of each dof
+    # constraint islands (mj_island): the kinematic trees (MuJoCo's tree ids) each row touches
+    efc_tree: Tensor  # [nefc, ntree] 1 where MuJoCo names the row's trees (dof, joint, geoms, connect / weld bodies)
+    efc_tree_from_J: Tensor  # [nefc] bool: the other rows, whose trees are those of their Jacobian's nonzeros
+    dof_tree: Tensor  # [nv, ntree] 1 at each dof's tree
     efc_type: tuple[int, ...] = static_field()
     efc_id: tuple[int, ...] = static_field()
     # (first row, slot, condim) of each contact with friction rows, in MuJoCo's contact order
@@ -311,37 +381,37 @@ class ConstraintPlan(PyTreeNode):
     nl: int = static_field()  # limit rows
     nefc: int = static_field()
     elliptic: bool = static_field()
+    islands: bool = static_field()  # the solver splits the problem by island (mjDSBL_ISLAND not set)
 
 
-_CONTACT_TYPES = (ConstraintType.CONTACT_FRICTIONLESS, ConstraintType.CONTACT_PYRAMIDAL,
-                  ConstraintType.CONTACT_ELLIPTIC)
+def _row_trees(mjm, efc_type: list[int], efc_id: list[int], contact_geom: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(efc_tree [nefc, ntree], efc_tree_from_J [nefc]) as mj_island finds each row's trees (treeIterInit)."""
+    trees = np.zeros((len(efc_type), mjm.ntree))
+    from_J = np.zeros(len(efc_type), dtype=bool)
 
+    def touch(row: int, body: int) -> None:
+        if body >= 0 and mjm.body_treeid[body] >= 0:  # no body (-1), the world and static bodies: no tree
+            trees[row, mjm.body_treeid[body]] = 1
 
-def _row_trees(mjm, kind: int, element) -> list[int]:
-    """Kinematic trees a constraint row couples, by MuJoCo's rules (unionConstraintTrees).
-
-    element: the row's efc_id, or for a contact the slot's two geoms. Rows MuJoCo finds by
-    scanning their Jacobian (tendons, joint equalities) take the trees of the dofs it can
-    touch (the sparse Jacobian's pattern).
-    """
-    if kind == ConstraintType.FRICTION_DOF:
-        return [mjm.dof_treeid[element]]
-    if kind == ConstraintType.LIMIT_JOINT:
-        return [mjm.dof_treeid[mjm.jnt_dofadr[element]]]
-    if kind in _CONTACT_TYPES:
-        trees = [mjm.body_treeid[mjm.geom_bodyid[g]] for g in element]
-    elif kind == ConstraintType.EQUALITY and mjm.eq_type[element] in (EqType.CONNECT, EqType.WELD):
-        trees = [mjm.body_treeid[b] for b in (mjm.eq_obj1id[element], mjm.eq_obj2id[element])]
-    elif kind == ConstraintType.EQUALITY and mjm.eq_type[element] == EqType.JOINT:
-        joints = [j for j in (mjm.eq_obj1id[element], mjm.eq_obj2id[element]) if j >= 0]
-        trees = [mjm.dof_treeid[mjm.jnt_dofadr[j]] for j in joints]
-    else:  # tendon friction, limit or equality: the tendon's joints (fixed tendons)
-        tendons = [element] if kind != ConstraintType.EQUALITY else [
-            t for t in (mjm.eq_obj1id[element], mjm.eq_obj2id[element]) if t >= 0]
-        joints = [mjm.wrap_objid[a] for t in tendons
-                  for a in range(mjm.tendon_adr[t], mjm.tendon_adr[t] + mjm.tendon_num[t])]
-        trees = [mjm.dof_treeid[mjm.jnt_dofadr[j]] for j in joints]
-    return [int(t) for t in trees if t >= 0]
+    contact_types = (ConstraintType.CONTACT_FRICTIONLESS, ConstraintType.CONTACT_PYRAMIDAL,
+                     ConstraintType.CONTACT_ELLIPTIC)
+    for row, (kind, obj) in enumerate(zip(efc_type, efc_id)):
+        if kind == ConstraintType.FRICTION_DOF:
+            trees[row, mjm.dof_treeid[obj]] = 1
+        elif kind == ConstraintType.LIMIT_JOINT:
+            trees[row, mjm.dof_treeid[mjm.jnt_dofadr[obj]]] = 1
+        elif kind in contact_types:
+            for geom in contact_geom[obj]:
+                touch(row, mjm.geom_bodyid[geom])
+        elif kind == ConstraintType.EQUALITY and mjm.eq_type[obj] in (EqType.CONNECT, EqType.WELD):
+            bodies = (mjm.eq_obj1id[obj], mjm.eq_obj2id[obj])
+            if mjm.eq_objtype[obj] == ObjType.SITE:
+                bodies = tuple(mjm.site_bodyid[b] if b >= 0 else -1 for b in bodies)
+            for body in bodies:
+                touch(row, body)
+        else:
+            from_J[row] = True
+    return trees, from_J
 
 
 def build_constraint_plan(mjm, collision_plan: CollisionPlan, dtype, device) -> ConstraintPlan:
@@ -350,6 +420,7 @@ def build_constraint_plan(mjm, collision_plan: CollisionPlan, dtype, device) -> 
     The collision plan gives the contact slots' condim, geoms and MuJoCo's contact order.
     """
     contact_dim, contact_order = collision_plan.contact_dim, collision_plan.contact_order
+    contact_geom = collision_plan.contact_geom.cpu().numpy()
     flags = mjm.opt.disableflags
     if flags & DisableBit.CONSTRAINT:
         contact_dim = ()
@@ -406,10 +477,6 @@ def build_constraint_plan(mjm, collision_plan: CollisionPlan, dtype, device) -> 
                 rows_per_contact=per,
             )
         )
-    slot_geom = collision_plan.contact_geom.tolist()
-    efc_tree = np.zeros((len(efc_type), mjm.ntree), dtype=bool)
-    for row, (kind, i) in enumerate(zip(efc_type, efc_id)):
-        efc_tree[row, _row_trees(mjm, kind, slot_geom[i] if kind in _CONTACT_TYPES else i)] = True
     first_row = {s: r for group in contacts for s, r in zip(group.slot.tolist(), group.row.tolist())}
     frictional_contacts = tuple((first_row[s], s, contact_dim[s]) for s in contact_order
                                 if s in first_row and contact_dim[s] > 1)
@@ -420,13 +487,16 @@ def build_constraint_plan(mjm, collision_plan: CollisionPlan, dtype, device) -> 
             for first in group.row.tolist():
                 for j in range(1, group.dim):
                     frictional[first + j] = True
+    efc_tree, efc_tree_from_J = _row_trees(mjm, efc_type, efc_id, contact_geom)
     return ConstraintPlan(
+        efc_tree=_floats(efc_tree, dtype, device),
+        efc_tree_from_J=torch.as_tensor(efc_tree_from_J, dtype=torch.bool, device=device),
+        dof_tree=_floats(np.eye(mjm.ntree)[mjm.dof_treeid].reshape(mjm.nv, mjm.ntree), dtype, device),
+        islands=not flags & DisableBit.ISLAND,
         eq_obj1=_long(mjm.eq_obj1id, device),
         eq_obj2=_long(np.maximum(obj2, 0), device),
         eq_has_obj2=_floats(obj2 >= 0, dtype, device),
         frictional_rows=torch.as_tensor(frictional, dtype=torch.bool, device=device),
-        efc_tree=torch.as_tensor(efc_tree, device=device),
-        dof_tree=_long(mjm.dof_treeid, device),
         **{name: _long(ids, device) for name, ids in elements.items()},
         contacts=tuple(contacts),
         efc_type=tuple(efc_type),

@@ -29,8 +29,9 @@ field                  value (at qpos0: kinematics, M and its factor there)     
 replacing them by hand, as a MuJoCo user calls ``mj_setConst``).
 
 As ``mj_setConst`` (and unlike a recompile from an MjSpec), ``set_const`` leaves the compiler's
-statistics alone: ``stat_meaninertia`` (which only scales the solver's stopping tests) keeps
-``put_model``'s value. Mocap bodies sit at their ``body_pos`` / ``body_quat`` (a fresh MjData).
+statistics alone: ``stat_meaninertia`` keeps ``put_model``'s value (nothing reads it: MuJoCo 4.0
+scales its solver's stopping tests by trace(M)). Mocap bodies sit at their ``body_pos`` /
+``body_quat`` (a fresh MjData).
 MuJoCo refuses (mjERROR) a simple body (``body_simple > 0``) whose inertial frame was moved off its
 body frame; ``set_const`` does not check it (the check would depend on values under ``vmap``) and
 keeps the simple-body formulas.

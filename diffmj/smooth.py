@@ -14,7 +14,9 @@ import torch
 from torch import Tensor
 
 from diffmj import math, workarounds
-from diffmj.types import Data, DisableBit, JointType, Model
+from diffmj.plan import TendonSpans
+from diffmj.types import Data, DisableBit, JointType, Model, WrapType
+from diffmj.wrap import wrap
 
 
 def kinematics(m: Model, d: Data) -> Data:
@@ -129,14 +131,49 @@ def com_pos(m: Model, d: Data) -> Data:
 
 
 def tendon(m: Model, d: Data) -> Data:
-    """Fixed-tendon lengths and Jacobians (mj_tendon)."""
+    """Tendon lengths and Jacobians (mj_tendon): fixed tendons, and spatial tendons span by span."""
     if not m.ntendon:
         return d
     plan = m.tendon_plan
-    length = workarounds.sum_at(m.ntendon, plan.wrap_tendon, m.wrap_prm * d.qpos[plan.wrap_qposadr])
-    ten_j = workarounds.sum_at(m.ntendon * m.nv, plan.wrap_tendon * m.nv + plan.wrap_dofadr, m.wrap_prm)
+    coef = m.wrap_prm[plan.joint_wrap]
+    length = workarounds.sum_at(m.ntendon, plan.joint_tendon, coef * d.qpos[plan.joint_qposadr])
+    ten_j = workarounds.sum_at(m.ntendon * m.nv, plan.joint_tendon * m.nv + plan.joint_dofadr, coef)
     ten_j = ten_j.reshape(m.ntendon, m.nv)
+    for spans in plan.spans:
+        span_length, span_j = _tendon_spans(m, d, spans)
+        length = length + workarounds.sum_at(m.ntendon, spans.tendon, span_length)
+        ten_j = ten_j + workarounds.sum_at(m.ntendon, spans.tendon, span_j)
     return d.replace(ten_length=length, ten_J=ten_j)
+
+
+def _tendon_spans(m: Model, d: Data, spans: TendonSpans) -> tuple[Tensor, Tensor]:
+    """Lengths [k] and Jacobians [k, nv] of spatial-tendon spans of one kind.
+
+    A span's Jacobian is the difference of its end points' Jacobians along its direction,
+    each point moving with its body (a tangent point with the wrapping geom's), as MuJoCo's.
+    """
+    site_body, geom_body = m.tree.site_bodyid, m.tree.geom_bodyid
+
+    def segment(a: Tensor, body_a: Tensor, b: Tensor, body_b: Tensor, moving: Tensor) -> tuple[Tensor, Tensor]:
+        unit, norm = math.normalize(b - a)
+        jac_a, _ = jac(m, d, a, body_a)
+        jac_b, _ = jac(m, d, b, body_b)
+        return norm, ((jac_b - jac_a) * unit[:, :, None]).sum(1) * moving[:, None]
+
+    x0, x1 = d.site_xpos[spans.site0], d.site_xpos[spans.site1]
+    body0, body1 = site_body[spans.site0], site_body[spans.site1]
+    length, span_j = segment(x0, body0, x1, body1, spans.moving)
+    if spans.wrap_type != WrapType.NONE:
+        geom = spans.geom
+        wrapped, arc, t0, t1 = wrap(x0, x1, d.geom_xpos[geom], d.geom_xmat[geom], m.geom_size[geom, 0],
+                                    d.site_xpos[spans.sidesite], spans.has_side, spans.wrap_type == WrapType.SPHERE,
+                                    m.early_exit)
+        length_in, j_in = segment(x0, body0, t0, geom_body[geom], spans.moving_in)
+        length_out, j_out = segment(t1, geom_body[geom], x1, body1, spans.moving_out)
+        length = torch.where(wrapped, length_in + arc + length_out, length)
+        span_j = torch.where(wrapped[:, None], j_in + j_out, span_j)
+    divisor = torch.where(spans.pulley >= 0, m.wrap_prm[spans.pulley.clamp(min=0)], 1.0)
+    return length / divisor, span_j / divisor[:, None]
 
 
 def crb(m: Model, d: Data) -> Data:

@@ -7,9 +7,23 @@ The problem: minimise over qacc
 where s is the sum of the row costs of equality (quadratic), frictionloss
 (Huber), limit and pyramidal contact (one-sided quadratic) and elliptic
 contact (distance to the friction cone) constraints. Both solvers start from
-MuJoCo's warm start, take exact line searches along Newton (H = M + J'DJ +
-cone terms) or Hager-Zhang conjugate-gradient directions, and stop with
-MuJoCo's tests (improvement, gradient, Newton decrement).
+MuJoCo's warm start, search along Newton (H = M + J'DJ + cone terms) or
+Hager-Zhang conjugate-gradient directions, and stop with MuJoCo's tests
+(improvement, gradient, Newton decrement). As in MuJoCo, each constraint
+island (the kinematic trees that active rows link, ``islands``) is solved on
+its own, with its own line search, iteration count and tests scaled by 1 /
+trace of its M; dofs in no island keep qacc_smooth. With islands disabled
+(mjDSBL_ISLAND) one island holds everything.
+
+The line search is MuJoCo's (PrimalSearch), for both cone types: Newton steps
+on the 1-D cost's slope, then a bracket, stopping at |slope| < gtol or after
+``opt.ls_iterations`` evaluations. It is the only one: a model that truncates
+the solver (few iterations or line-search evaluations, as MJX-era models do)
+ends where MuJoCo's path ends, so only MuJoCo's search reproduces its steps.
+An exact minimiser along the line would reach the same optimum when converged,
+but it is not needed there either: gradients of a converged solve come from
+the implicit adjoint at the optimum (residual, hessian_factor), which no line
+search enters.
 
 Loops have a fixed maximum length (``opt.iterations``, ``opt.ls_iterations``);
 a converged element is frozen with ``torch.where`` so a vmapped batch gives
@@ -46,6 +60,8 @@ class Problem(NamedTuple):
     equality: Tensor  # [nefc] bool
     friction: Tensor  # [nefc] bool
     cones: tuple  # per elliptic contact group: (rows [k, dim], mu [k], friction [k, dim - 1])
+    island_dofs: Tensor  # [K, nv] 1 where the dof is in island k (islands())
+    island_rows: Tensor  # [K, nefc] 1 where the row is in island k
 
 
 class Update(NamedTuple):
@@ -145,29 +161,44 @@ def _hessian(p: Problem, upd: Update) -> Tensor:
     return H
 
 
-class LineEval(NamedTuple):
-    deriv: Tensor
-    deriv2: Tensor
+class ConeLine(NamedTuple):
+    """One elliptic cone group along the search (PrimalPrepare), in the rescaled coordinates
+    U = jar * (mu, friction), V = Jv * (mu, friction) of MuJoCo's circular cone. Each [k]."""
+
+    U0: Tensor  # normal component of U
+    V0: Tensor  # normal component of V
+    UU: Tensor  # |tangential U|^2
+    UV: Tensor  # tangential U . V
+    VV: Tensor  # |tangential V|^2
+    Dm: Tensor  # D0 / (mu^2 (1 + mu^2)): the cone zone's stiffness
+    mu: Tensor
+    # the bottom zone's cost 0.5 sum D x^2 is q0 + q1 alpha + q2 alpha^2 (three tensors: scan refuses aliases)
+    q0: Tensor
+    q1: Tensor
+    q2: Tensor
+    active: Tensor  # bool
+    island: Tensor  # [K, k] 1 where the cone is in island k
 
 
-def _line_eval(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, alpha: Tensor) -> LineEval:
-    """First and second derivatives of the cost along the search direction at step alpha."""
-    x = jar + alpha * Jv
-    upd = constraint_update(p, x)
-    # d/dalpha of the row costs: -force . Jv; second derivative from the quadratic rows
-    deriv = -(upd.force * Jv).sum(-1) + 2 * alpha * quad_gauss[2] + quad_gauss[1]
-    deriv2 = (upd.quadratic * Jv * Jv).sum(-1) + 2 * quad_gauss[2]
-    for rows, mu, friction in p.cones:
-        U, N, T, _, _, middle = _cone(x[rows], mu, friction)
-        V = torch.cat(((Jv[rows[:, 0]] * mu)[:, None], Jv[rows[:, 1:]] * friction), -1)
-        Dm = p.D[rows[:, 0]] / (mu * mu * (1 + mu * mu))
-        T_safe = torch.where(T > 0, T, 1.0)
-        N1 = V[:, 0]
-        T1 = (U[:, 1:] * V[:, 1:]).sum(-1) / T_safe
-        T2 = (V[:, 1:] * V[:, 1:]).sum(-1) / T_safe - T1 * T1 / T_safe
-        d2 = Dm * ((N1 - mu * T1) ** 2 + (N - mu * T) * (-mu * T2))
-        deriv2 = deriv2 + torch.where(middle & p.active[rows[:, 0]], d2, 0.0).sum(-1)
-    return LineEval(deriv, torch.clamp(deriv2, min=math.MINVAL))
+class Line(NamedTuple):
+    """The cost along one search direction, prepared once per line search (PrimalPrepare); each
+    island k has its own line, of step alpha[k]."""
+
+    jar: Tensor  # [nefc] J qacc - aref at alpha = 0
+    Jv: Tensor  # [nefc] J search
+    scalar: Tensor  # [nefc] bool: active rows outside elliptic cones
+    gauss1: Tensor  # [K] the island's Gauss cost changes by gauss1 alpha + gauss2 alpha^2
+    gauss2: Tensor  # [K]
+    cones: tuple  # per elliptic cone group: ConeLine
+
+
+class LinePoint(NamedTuple):
+    """One evaluation of the line cost (mjPrimalPnt) of each island; fields [..., K] like alpha."""
+
+    alpha: Tensor
+    cost: Tensor  # cost(alpha) - cost(0)
+    slope: Tensor  # d cost / d alpha
+    curvature: Tensor  # d2 cost / d alpha2, MINVAL where not positive (as MuJoCo)
 
 
 def _total_cost(p: Problem, qacc: Tensor, jar: Tensor) -> Tensor:
@@ -175,160 +206,212 @@ def _total_cost(p: Problem, qacc: Tensor, jar: Tensor) -> Tensor:
     return gauss + constraint_update(p, jar).cost
 
 
-def _gauss_quadratic(p: Problem, qacc: Tensor, search: Tensor) -> Tensor:
-    """Coefficients (0, q1, q2) of the Gauss cost along the search: q1 alpha + q2 alpha^2 (+ const)."""
-    q1 = (search * (p.M @ qacc - p.qfrc_smooth)).sum(-1)
-    q2 = 0.5 * (search * (p.M @ search)).sum(-1)
-    return torch.stack((torch.zeros_like(q1), q1, q2))
+def _pick(condition: Tensor, a: LinePoint, b: LinePoint) -> LinePoint:
+    """a where condition holds, else b, field by field."""
+    return LinePoint(*(torch.where(condition, x, y) for x, y in zip(a, b)))
 
 
-def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor, iterations: int, unroll: bool,
-                 early_exit: bool):
-    """Exact line search along ``search``; returns (alpha, cost improvement).
-
-    Without elliptic cones the 1-D cost is a convex piecewise quadratic: its
-    minimiser is found exactly, without iterating, from the derivative at the
-    breakpoints. Elliptic cones make it non-quadratic; there ``iterations``
-    safeguarded Newton steps (MuJoCo's ls_iterations) stop at |derivative| < gtol.
-    """
+def _prepare_line(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor) -> Line:
     Jv = p.J @ search
-    quad_gauss = _gauss_quadratic(p, qacc, search)
-    if p.cones:
-        alpha = _newton_search(p, jar, Jv, quad_gauss, gtol, iterations, unroll, early_exit)
-    else:
-        alpha = _breakpoint_search(p, jar, Jv, quad_gauss)
-    improvement = -_cost_change(p, jar, Jv, quad_gauss, alpha)
-    alpha = torch.where(improvement > 0, alpha, 0.0)
-    return alpha, torch.where(improvement > 0, improvement, 0.0)
+    gauss1 = p.island_dofs @ (search * (p.M @ qacc - p.qfrc_smooth))
+    gauss2 = 0.5 * (p.island_dofs @ (search * (p.M @ search)))
+    scalar = p.active
+    cones = []
+    for rows, mu, friction in p.cones:
+        scalar = scalar.index_fill(0, rows.reshape(-1), False)
+        scale = torch.cat((mu[:, None], friction), -1)
+        U, V = jar[rows] * scale, Jv[rows] * scale
+        D = p.D[rows]
+        cones.append(ConeLine(
+            U0=U[:, 0], V0=V[:, 0], UU=(U[:, 1:] ** 2).sum(-1), UV=(U[:, 1:] * V[:, 1:]).sum(-1),
+            VV=(V[:, 1:] ** 2).sum(-1), Dm=D[:, 0] / (mu * mu * (1 + mu * mu)), mu=mu,
+            q0=0.5 * (jar[rows] * D * jar[rows]).sum(-1), q1=(Jv[rows] * D * jar[rows]).sum(-1),
+            q2=0.5 * (Jv[rows] * D * Jv[rows]).sum(-1),
+            active=p.active[rows[:, 0]], island=p.island_rows[:, rows[:, 0]]))
+    return Line(jar, Jv, scalar, gauss1, gauss2, tuple(cones))
 
 
-def _cost_change(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, alpha: Tensor) -> Tensor:
-    """cost(alpha) - cost(0) along the search, free of cancellation where a row keeps its state.
+def _cone_zone(N: Tensor, Tsqr: Tensor, mu: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(top, bottom, T) of a cone at normal N and squared tangential Tsqr (the middle zone is neither)."""
+    tangent = Tsqr > 0
+    T = torch.where(tangent, torch.sqrt(torch.where(tangent, Tsqr, 1.0)), 0.0)
+    top = torch.where(tangent, N >= mu * T, N >= 0)
+    bottom = ~top & torch.where(tangent, mu * N + T <= 0, N < 0)
+    return top, bottom, T
 
-    Near the optimum the change is far smaller than the cost itself; like
-    MuJoCo's line search, rows that stay quadratic (or linear) contribute their
-    change in closed form instead of a difference of two large numbers.
+
+def _cone_point(c: ConeLine, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(cost change, slope, curvature) of each cone [..., k] at its step alpha [..., k] (ellipticCostDif).
+
+    Each pair of zones has its own closed form: where both ends lie in the same zone the
+    change is computed directly, free of the cancellation of two costs.
     """
-    step = alpha * Jv
-    x1 = jar + step
-    quad_change = p.D * step * (jar + 0.5 * step)
-    rf = p.R * p.frictionloss
-    # one-sided rows (limits, contacts)
-    q0, q1 = jar < 0, x1 < 0
-    one_sided = torch.where(q0 & q1, quad_change, torch.where(q1, 0.5 * p.D * x1 * x1, torch.where(q0, -0.5 * p.D * jar * jar, 0.0)))
+    q0, q1, q2 = c.q0, c.q1, c.q2
+    top0, bottom0, T0 = _cone_zone(c.U0, c.UU, c.mu)
+    N = c.U0 + alpha * c.V0
+    Tsqr = c.UU + alpha * (2 * c.UV + alpha * c.VV)
+    top, bottom, T = _cone_zone(N, Tsqr, c.mu)
+    middle = ~top & ~bottom
+    r0, r = c.U0 - c.mu * T0, N - c.mu * T
+    dq = alpha * (alpha * q2 + q1)
+    both_middle = ~top0 & ~bottom0 & middle
+    dr = alpha * c.V0 - c.mu * alpha * (2 * c.UV + alpha * c.VV) / torch.where(both_middle, T + T0, 1.0)
+    from_top = torch.where(top, 0.0, torch.where(bottom, dq + q0, 0.5 * c.Dm * r * r))
+    from_bottom = torch.where(top, -q0, torch.where(bottom, dq, dq - 0.5 * c.Dm * (c.mu * N + T) ** 2))
+    from_middle = torch.where(
+        top, -0.5 * c.Dm * r0 * r0,
+        torch.where(bottom, dq + 0.5 * c.Dm * (c.mu * c.U0 + T0) ** 2, 0.5 * c.Dm * dr * (2 * r0 + dr)))
+    cost = torch.where(top0, from_top, torch.where(bottom0, from_bottom, from_middle))
 
-    # frictionloss rows: Huber
-    def zone(x):
-        return torch.where(x <= -rf, -1, torch.where(x >= rf, 1, 0))
-
-    def huber(x):
-        z = zone(x)
-        return torch.where(z == 0, 0.5 * p.D * x * x, p.frictionloss * (-0.5 * rf + z * x))
-
-    z0, z1 = zone(jar), zone(x1)
-    same = z0 == z1
-    friction = torch.where(same & (z0 == 0), quad_change, torch.where(same, z0 * p.frictionloss * step, huber(x1) - huber(jar)))
-    change = torch.where(p.equality, quad_change, torch.where(p.friction, friction, one_sided))
-    change = torch.where(p.active, change, 0.0)
-    if p.cones:
-        cone_rows = torch.cat([rows.reshape(-1) for rows, _, _ in p.cones])
-        change = change.index_fill(0, cone_rows, 0.0)
-        change_cones = constraint_update(p, x1).cone_cost - constraint_update(p, jar).cone_cost
-    else:
-        change_cones = 0.0
-    return change.sum(-1) + change_cones + alpha * quad_gauss[1] + alpha * alpha * quad_gauss[2]
+    T_safe = torch.where(middle, T, 1.0)
+    N1 = c.V0
+    T1 = (c.UV + alpha * c.VV) / T_safe
+    T2 = c.VV / T_safe - (c.UV + alpha * c.VV) * T1 / (T_safe * T_safe)
+    slope = torch.where(bottom, 2 * alpha * q2 + q1, torch.where(middle, c.Dm * r * (N1 - c.mu * T1), 0.0))
+    curvature = torch.where(
+        bottom, 2 * q2, torch.where(middle, c.Dm * ((N1 - c.mu * T1) ** 2 - r * c.mu * T2), 0.0))
+    return tuple(torch.where(c.active, x, 0.0) for x in (cost, slope, curvature))
 
 
-def _newton_search(
-    p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor, gtol: Tensor, iterations: int, unroll: bool,
-    early_exit: bool,
-) -> Tensor:
-    """Newton steps on the derivative, kept inside the bracket [lo, hi] where it changes sign."""
-    lo = torch.zeros_like(gtol)
-    hi = torch.full_like(gtol, torch.inf)
-    first = _line_eval(p, jar, Jv, quad_gauss, lo)
-    alpha = -first.deriv / first.deriv2
-    done = torch.zeros_like(gtol, dtype=torch.bool)
+def _line_point(p: Problem, line: Line, alpha: Tensor) -> LinePoint:
+    """The line cost of each island at its alpha [..., K] (PrimalEval): its change from alpha = 0 and two
+    derivatives, [..., K] each."""
+    a = alpha @ p.island_rows  # [..., nefc] each row's step: its island's
+    jar, Jv, D = line.jar, line.Jv, p.D
+    x = jar + a * Jv
+    q0, q1, q2 = 0.5 * jar * D * jar, Jv * D * jar, 0.5 * Jv * D * Jv  # a row's quadratic in alpha
+    quad_change, quad_slope = a * (a * q2 + q1), 2 * a * q2 + q1
+    # frictionloss rows: Huber cost with zones -1 (x <= -R f), 0 (quadratic), +1 (x >= R f)
+    f, rf = p.frictionloss, p.R * p.frictionloss
+
+    def zone(v):
+        return torch.where(v <= -rf, -1, torch.where(v >= rf, 1, 0))
+
+    def huber(v, z):
+        return torch.where(z == 0, 0.5 * D * v * v, f * (-0.5 * rf + z * v))
+
+    z0, z = zone(jar), zone(x)
+    friction_change = torch.where(
+        z0 == z, torch.where(z == 0, 0.5 * D * (x - jar) * (x + jar), z * f * (x - jar)), huber(x, z) - huber(jar, z0))
+    friction_slope = torch.where(z == 0, D * x * Jv, z * f * Jv)
+    # limits and scalar contacts: quadratic where x < 0
+    cost0 = torch.where(jar < 0, q0, 0.0)
+    one_sided_change = torch.where(x < 0, q0 - cost0 + quad_change, -cost0)
+
+    quadratic = p.equality | (p.friction & (z == 0)) | (~p.equality & ~p.friction & (x < 0))
+    change = torch.where(p.equality, quad_change, torch.where(p.friction, friction_change, one_sided_change))
+    slope = torch.where(p.friction, friction_slope, torch.where(quadratic, quad_slope, 0.0))
+    curvature = torch.where(quadratic, 2 * q2, 0.0)
+    rows_to_islands = p.island_rows.transpose(-1, -2)
+    cost, slope, curvature = (torch.where(line.scalar, v, 0.0) @ rows_to_islands for v in (change, slope, curvature))
+    for (rows, _, _), cone in zip(p.cones, line.cones):
+        parts = _cone_point(cone, a[..., rows[:, 0]])
+        cost, slope, curvature = (total + part @ cone.island.transpose(-1, -2)
+                                  for total, part in zip((cost, slope, curvature), parts))
+    cost = cost + alpha * alpha * line.gauss2 + alpha * line.gauss1
+    slope = slope + 2 * alpha * line.gauss2 + line.gauss1
+    curvature = curvature + 2 * line.gauss2
+    return LinePoint(alpha, cost, slope, torch.where(curvature > 0, curvature, math.MINVAL))
+
+
+def _no_step(like: Tensor) -> LinePoint:
+    """alpha = 0 (what MuJoCo returns when no point improves), with curvature 1 so that a Newton step
+    from it is finite: a finished island's values still pass through the masked evaluations, whose
+    per-island sums (matmuls) would spread a NaN to every island. Four tensors: scan refuses aliased carries."""
+    zero = (like * 0.0 for _ in range(3))  # laid out like ``like``: see _line_search's carry
+    return LinePoint(*zero, like * 0.0 + 1.0)
+
+
+def _newton(point: LinePoint) -> Tensor:
+    """The step of a Newton iteration on the slope from point."""
+    return point.alpha - point.slope / point.curvature
+
+
+def _update_bracket(end: LinePoint, candidates: tuple[LinePoint, ...]) -> tuple[LinePoint, Tensor]:
+    """(end moved to each candidate in turn whose slope has end's sign and is closer to 0, whether it moved)."""
+    moved = torch.zeros_like(end.slope, dtype=torch.bool)
+    for c in candidates:
+        closer = ((end.slope < 0) & (c.slope < 0) & (end.slope < c.slope)) | (
+            (end.slope > 0) & (c.slope > 0) & (end.slope > c.slope))
+        end, moved = _pick(closer, c, end), moved | closer
+    return end, moved
+
+
+def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor, snorm: Tensor,
+                 ls_iterations: int, unroll: bool, early_exit: bool) -> LinePoint:
+    """MuJoCo's line search (PrimalSearch): the point it stops at along ``search``.
+
+    A Newton step from alpha = 0; while the slope keeps its sign (and |slope| >= gtol), Newton
+    steps onward; then a bracket [p1, p2] around the sign change, narrowed by each end's
+    Newton point and the midpoint. It stops at the first point with |slope| < gtol (in the
+    bracket: the cheapest such point), or when ``ls_iterations`` evaluations are spent, with
+    the point MuJoCo returns then: the last Newton point while still one-sided, the cheaper
+    improving end of the bracket (alpha = 0 if neither improves), or the midpoint when the
+    bracket cannot move. Every evaluation counts, as MuJoCo counts them. Each island searches
+    its own line (gtol, snorm and the result: [K]), as MuJoCo solves each island on its own.
+    """
+    line = _prepare_line(p, qacc, jar, search)
+    p0 = _line_point(p, line, torch.zeros_like(gtol))
+    p1 = _line_point(p, line, _newton(p0))
+    tiny = snorm < math.MINVAL
+    done = tiny | ((p1.slope.abs() < gtol) & ((p1.alpha == 0) | (p1.cost < 0)))
+    p1 = _pick(tiny, _no_step(gtol), p1)  # a finished search's result is kept in p1
+    forward = p1.slope < 0  # the direction of the first step: towards larger alpha
+    # carries computed from gtol and done, not made by zeros_like: under compiled vmap a carry made
+    # afresh may be laid out otherwise than the body's outputs where it has a size-1 dimension (one
+    # island), which the while_loop that inductor lowers scan to refuses
+    bracketing = done & ~done
+    evaluations = (gtol * 0.0).long() + 2
 
     def iterate(carry):
-        done, lo, hi, alpha = carry
-        ev = _line_eval(p, jar, Jv, quad_gauss, alpha)
-        done = done | (ev.deriv.abs() < gtol)
-        lo = torch.where(done | (ev.deriv >= 0), lo, alpha)
-        hi = torch.where(done | (ev.deriv < 0), hi, alpha)
-        newton = alpha - ev.deriv / ev.deriv2
-        inside = (newton > lo) & (newton < hi)
-        bisect = torch.where(torch.isinf(hi), newton, 0.5 * (lo + torch.where(torch.isinf(hi), lo, hi)))
-        new_alpha = torch.where(inside, newton, bisect)
-        done = done | (new_alpha == alpha)  # converged to rounding
-        return done, lo, hi, torch.where(done, alpha, new_alpha)
+        done, bracketing, evaluations = carry[:3]
+        p1, p2, p1_next, p2_next = (LinePoint(*carry[3 + 4 * i: 7 + 4 * i]) for i in range(4))
+        budget = evaluations < ls_iterations
+        # one evaluation: the Newton point from p1 (one-sided) or the bracket's midpoint
+        trial = _line_point(p, line, torch.where(bracketing, 0.5 * (p1.alpha + p2.alpha), _newton(p1)))
 
-    return bounded_loop(iterate, (done, lo, hi, alpha), max(iterations - 1, 1), unroll, early_exit)[3]
+        # one-sided: step on while the slope keeps its sign, else start the bracket from p1
+        descending = torch.where(forward, p1.slope <= -gtol, p1.slope >= gtol)
+        onward = ~done & ~bracketing & descending & budget
+        opening = ~done & ~bracketing & ~onward & budget
+        found = onward & (trial.slope.abs() < gtol) & (trial.cost < 0)
+        finished = found | (~done & ~bracketing & ~budget)  # out of evaluations: the last Newton point
+
+        # bracketed: the cheapest of the candidates with a small slope, else narrow the bracket
+        narrowing = ~done & bracketing & budget
+        candidates = (p1_next, p2_next, trial)
+        best, small = _no_step(gtol), torch.zeros_like(done)
+        for c in candidates:
+            take = (c.slope.abs() < gtol) & (~small | (c.cost < best.cost))
+            best, small = _pick(take, c, best), small | take
+        new_p1, moved1 = _update_bracket(p1, candidates)
+        new_p2, moved2 = _update_bracket(p2, candidates)
+        next_points = _line_point(p, line, torch.stack((_newton(new_p1), _newton(new_p2))))
+        converged = narrowing & small
+        stuck = narrowing & ~small & ~moved1 & ~moved2  # rounding stops the bracket: the midpoint
+        moving = narrowing & ~small
+        p1_better = (p1.cost <= p2.cost) & (p1.cost < 0)
+        exhausted = ~done & bracketing & ~budget
+        spent_end = _pick(p1_better, p1, _pick((p2.cost <= p1.cost) & (p2.cost < 0), p2, _no_step(gtol)))
+
+        result = _pick(converged, best, _pick(stuck, trial, spent_end))
+        p1_out = _pick(onward, trial, _pick(converged | stuck | exhausted, result, _pick(moving, new_p1, p1)))
+        p2_out = _pick(onward, p1, _pick(moving, new_p2, p2))
+        p1_next_out = _pick(opening, trial, _pick(moving & moved1, _index(next_points, 0), p1_next))
+        p2_next_out = _pick(opening, p1, _pick(moving & moved2, _index(next_points, 1), p2_next))
+        evaluations = evaluations + (onward | opening | narrowing).long() + (moving & moved1).long() + (
+            moving & moved2).long()
+        done = done | finished | converged | stuck | exhausted
+        return (done, bracketing | opening, evaluations, *p1_out, *p2_out, *p1_next_out, *p2_next_out)
+
+    # every evaluation spends the budget, so max(ls_iterations - 1, 1) passes reach a result
+    carry = (done, bracketing, evaluations, *p1, *p0, *_no_step(gtol), *_no_step(gtol))  # p*_next: set when bracketing
+    return LinePoint(*bounded_loop(iterate, carry, max(ls_iterations - 1, 1), unroll, early_exit)[3:7])
 
 
-def _row_slopes(p: Problem, jar: Tensor, Jv: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Each (cone-free) row's cost derivative along the search, const + coef * alpha, in the zone x lies in.
-
-    jar, Jv: [nefc]; x: [..., nefc] the rows' values at the probe. Returns (const, coef) [..., nefc].
-    """
-    rf = p.R * p.frictionloss
-    quadratic = torch.where(p.equality, True, torch.where(p.friction, (x > -rf) & (x < rf), x < 0)) & p.active
-    linear = p.friction & p.active & ~quadratic
-    const = torch.where(quadratic, p.D * jar * Jv, torch.where(linear, torch.sign(x) * p.frictionloss * Jv, 0.0))
-    coef = torch.where(quadratic, p.D * Jv * Jv, 0.0)
-    return const, coef
-
-
-def _breakpoint_search(p: Problem, jar: Tensor, Jv: Tensor, quad_gauss: Tensor) -> Tensor:
-    """Exact minimiser of a convex piecewise-quadratic 1-D cost, in O(nefc log nefc).
-
-    The derivative is continuous and piecewise linear with kinks where a row
-    changes zone (x = 0 for limits and contacts, x = +-R f for frictionloss).
-    Sort the kinks ahead and sweep them with running sums of how each crossing
-    changes the derivative's coefficients; the minimiser is the root of the
-    piece that ends at the first kink where the derivative turns non-negative.
-    That piece's coefficients are then summed afresh, free of the running sums'
-    rounding.
-    """
-    moving = p.active & (Jv != 0)
-    Jv_safe = torch.where(moving, Jv, 1.0)
-    rf = p.R * p.frictionloss
-    one_sided = ~p.equality & ~p.friction
-    quad_const, quad_coef = p.D * jar * Jv, p.D * Jv * Jv  # slope of a row in its quadratic zone
-    linear = p.frictionloss * Jv  # slope of a frictionloss row above +R f
-    kinks = torch.cat((
-        torch.where(moving & one_sided, -jar / Jv_safe, -1.0),
-        torch.where(moving & p.friction, (rf - jar) / Jv_safe, -1.0),
-        torch.where(moving & p.friction, (-rf - jar) / Jv_safe, -1.0),
-    ))
-    # change of the slope's (const, coef) as x passes the kink upwards; sign(Jv) says which way it passes
-    up = torch.sign(Jv).repeat(3)
-    d_const = up * torch.cat((-quad_const, linear - quad_const, quad_const + linear))
-    d_coef = up * torch.cat((-quad_coef, -quad_coef, quad_coef))
-    ahead = kinks > 0
-    kinks, order = torch.sort(torch.where(ahead, kinks, torch.inf))
-    d_const = torch.where(ahead, d_const, 0.0).gather(-1, order)
-    d_coef = torch.where(ahead, d_coef, 0.0).gather(-1, order)
-    finite = torch.isfinite(kinks)
-
-    # piece j runs from kink j-1 (or 0) to kink j (or infinity): [n + 1]
-    starts = torch.cat((torch.zeros_like(kinks[:1]), torch.where(finite, kinks, 0.0)))
-    first_probe = torch.where(finite[0], 0.5 * kinks[0], 1.0)
-    const0, coef0 = _row_slopes(p, jar, Jv, jar + first_probe * Jv)
-    const = const0.sum(-1) + quad_gauss[1] + torch.cat((torch.zeros_like(kinks[:1]), torch.cumsum(d_const, -1)))
-    coef = coef0.sum(-1) + 2 * quad_gauss[2] + torch.cat((torch.zeros_like(kinks[:1]), torch.cumsum(d_coef, -1)))
-    # derivative at each kink, from the piece that ends there (it is continuous)
-    at_kink = const[:-1] + coef[:-1] * starts[1:]
-    turns = finite & (at_kink >= 0)
-    stop = torch.where(turns.any(-1), turns.long().argmax(-1), finite.long().sum(-1))
-    a0 = starts.gather(-1, stop[None])[0]
-    a1 = kinks.gather(-1, torch.clamp(stop, max=kinks.shape[-1] - 1)[None])[0]
-    mid = torch.where(stop < finite.long().sum(-1), 0.5 * (a0 + a1), a0 + 1)
-    piece_const, piece_coef = _row_slopes(p, jar, Jv, jar + mid * Jv)
-    curvature = torch.clamp(piece_coef.sum(-1) + 2 * quad_gauss[2], min=math.MINVAL)
-    alpha = -(piece_const.sum(-1) + quad_gauss[1]) / curvature
-    # not a descent direction: the derivative at 0 is already non-negative
-    return torch.where(const0.sum(-1) + quad_gauss[1] >= 0, 0.0, alpha)
+def _index(point: LinePoint, i: int) -> LinePoint:
+    """The i-th of a point evaluated at several alphas [n, K]."""
+    return LinePoint(*(x[i] for x in point))
 
 
 class Settings(NamedTuple):
@@ -361,7 +444,35 @@ class Inputs(NamedTuple):
     cone_friction: tuple  # per elliptic contact group: [k, 5] contact friction
     tolerance: Tensor  # []
     ls_tolerance: Tensor  # []
-    meaninertia: Tensor  # []
+    island_dofs: Tensor  # [K, nv] islands(): 1 where the dof is in island k
+    island_rows: Tensor  # [K, nefc] 1 where the row is in island k
+
+
+def islands(m: Model, d: Data) -> tuple[Tensor, Tensor]:
+    """MuJoCo's constraint islands (mj_island) as masks: (dofs [K, nv], rows [K, nefc]).
+
+    Kinematic trees that active rows link are one island; island k holds the trees whose
+    lowest-numbered linked tree is k (K = ntree slots, empty ones hold nothing). Dofs of
+    trees without constraints belong to no island: MuJoCo leaves them at qacc_smooth. With
+    islands disabled (mjDSBL_ISLAND), one island holds every dof and row.
+    """
+    plan = m.constraint_plan
+    dtype = d.efc_J.dtype
+    if not plan.islands:
+        return (torch.ones((1, d.efc_J.shape[-1]), dtype=dtype, device=m.device),
+                torch.ones((1, plan.nefc), dtype=dtype, device=m.device))
+    from_J = ((d.efc_J != 0).to(dtype) @ plan.dof_tree) > 0
+    touches = torch.where(plan.efc_tree_from_J[:, None], from_J, plan.efc_tree > 0) & d.efc_active[:, None]
+    touches = touches.to(dtype)  # [nefc, ntree]
+    linked = (touches.transpose(-1, -2) @ touches) > 0  # [ntree, ntree]; the diagonal: constrained trees
+    ntree = linked.shape[-1]
+    reach = linked
+    for _ in range(max(ntree - 1, 1).bit_length()):  # transitive closure by squaring: paths up to ntree - 1
+        reach = (reach.to(dtype) @ reach.to(dtype)) > 0
+    tree = torch.arange(ntree, device=m.device)
+    lowest = torch.where(reach, tree, ntree).amin(-1)  # each tree's island: its lowest linked tree
+    member = ((lowest == tree[:, None]) & torch.diagonal(linked, dim1=-2, dim2=-1)).to(dtype)  # [K, ntree]
+    return member @ plan.dof_tree.transpose(-1, -2), ((member @ touches.transpose(-1, -2)) > 0).to(dtype)
 
 
 def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
@@ -377,6 +488,7 @@ def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
         ne=plan.ne,
         nf=plan.nf,
     )
+    island_dofs, island_rows = islands(m, d)
     inputs = Inputs(
         M=d.qM,
         M_chol=d.qLD,
@@ -393,7 +505,8 @@ def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
         cone_friction=tuple(d.contact.friction[g.slot] for g in groups),
         tolerance=opt.tolerance,
         ls_tolerance=opt.ls_tolerance,
-        meaninertia=m.stat_meaninertia,
+        island_dofs=island_dofs,
+        island_rows=island_rows,
     )
     return settings, inputs
 
@@ -424,16 +537,20 @@ def problem(settings: Settings, x: Inputs) -> Problem:
         equality=rows < settings.ne,
         friction=(rows >= settings.ne) & (rows < settings.ne + settings.nf),
         cones=cones,
+        island_dofs=x.island_dofs,
+        island_rows=x.island_rows,
     )
 
 
 def _warmstart(settings: Settings, p: Problem, qacc_warmstart: Tensor) -> Tensor:
-    """qacc_warmstart if its cost beats qacc_smooth's (MuJoCo's warmstart), else qacc_smooth."""
+    """qacc_warmstart if its cost beats qacc_smooth's (MuJoCo's warmstart), else qacc_smooth; qacc_smooth
+    at dofs in no island."""
     if not settings.warmstart:
         return p.qacc_smooth
     cost_ws = _total_cost(p, qacc_warmstart, p.J @ qacc_warmstart - p.aref)
     cost_smooth = constraint_update(p, p.J @ p.qacc_smooth - p.aref).cost
-    return torch.where(cost_ws > cost_smooth, p.qacc_smooth, qacc_warmstart)
+    qacc = torch.where(cost_ws > cost_smooth, p.qacc_smooth, qacc_warmstart)
+    return torch.where(p.island_dofs.sum(0) > 0, qacc, p.qacc_smooth)  # dofs in no island: unconstrained
 
 
 def residual(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
@@ -453,13 +570,26 @@ def hessian_factor(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
 def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False) -> Tensor:
     """The constrained acceleration: MuJoCo's Newton or CG iterations from the warm start. [nv]
 
+    Each island (islands()) is solved on its own, as MuJoCo solves them: its own line search,
+    stopping tests scaled by 1 / trace of its M, and iteration count. The Newton and CG
+    directions need no splitting: M and J'DJ couple no two islands.
+
     unroll: the iterations are to be differentiated through (BackwardMode.UNROLL), so they run
     as a Python loop even under torch.compile (see workarounds.bounded_loop).
     """
     p = problem(settings, x)
     newton = settings.newton
     tol = x.tolerance
-    scale = 1 / (x.meaninertia * max(1, p.M.shape[-1]))
+
+    def dot(a, b):  # per island [K]
+        return p.island_dofs @ (a * b)
+
+    def norm(a):
+        return math.safe_sqrt(dot(a, a))
+
+    inertia = p.island_dofs @ torch.diagonal(p.M, dim1=-2, dim2=-1)
+    empty = inertia == 0  # an island slot without dofs: nothing to solve
+    scale = 1 / torch.where(empty, 1.0, inertia)
 
     def evaluate(qacc):
         jar = p.J @ qacc - p.aref
@@ -474,36 +604,43 @@ def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False) -> Tensor:
     qacc = _warmstart(settings, p, x.qacc_warmstart)
     jar, grad, upd = evaluate(qacc)
     mgrad_m = torch.cholesky_solve(grad[:, None], p.M_chol)[:, 0]
-    gap_ok = torch.clamp(0.5 * scale * (grad * mgrad_m).sum(-1), min=0) < tol
-    grad_ok = scale * math.safe_norm(grad) < tol
+    gap_ok = torch.clamp(0.5 * scale * dot(grad, mgrad_m), min=0) < tol
+    grad_ok = scale * norm(grad) < tol
     done = gap_ok & grad_ok if newton else gap_ok
     mgrad = direction(upd, grad)
     if newton:
-        done = done | (grad_ok & (torch.clamp(0.5 * scale * (grad * mgrad).sum(-1), min=0) < tol))
+        done = done | (grad_ok & (torch.clamp(0.5 * scale * dot(grad, mgrad), min=0) < tol))
+    done = done | empty
 
     def iterate(carry):
         done, qacc, jar, grad, mgrad, search = carry
-        snorm = math.safe_norm(search)
+        snorm = norm(search)
         gtol = tol * x.ls_tolerance * snorm / scale
-        alpha, improvement = _line_search(p, qacc, jar, search, gtol, settings.ls_iterations, unroll,
-                                          settings.early_exit)
-        stalled = (alpha == 0) | (snorm < math.MINVAL)
-        new_qacc = qacc + alpha * search
+        step = _line_search(p, qacc, jar, search, gtol, snorm, settings.ls_iterations, unroll, settings.early_exit)
+        stalled = step.alpha == 0  # MuJoCo stops an island when its line search returns no step
+        keep = done | stalled
+        alpha = torch.where(keep, 0.0, step.alpha)
+        new_qacc = qacc + (alpha @ p.island_dofs) * search
         new_jar, new_grad, new_upd = evaluate(new_qacc)
         new_mgrad = direction(new_upd, new_grad)
-        new_search = -new_mgrad if newton else _hager_zhang(search, grad, mgrad, new_grad, new_mgrad)
-        improved = scale * improvement
-        converged = ((improved > 0) & (improved < tol)) | (scale * math.safe_norm(new_grad) < tol)
         if newton:
-            converged = converged | (torch.clamp(0.5 * scale * (new_grad * new_mgrad).sum(-1), min=0) < tol)
-        keep = done | stalled
+            new_search = -new_mgrad
+        else:
+            new_search = _hager_zhang(dot, norm, p.island_dofs, search, grad, mgrad, new_grad, new_mgrad)
+        improved = -scale * step.cost
+        converged = ((improved > 0) & (improved < tol)) | (scale * norm(new_grad) < tol)
+        if newton:
+            converged = converged | (torch.clamp(0.5 * scale * dot(new_grad, new_mgrad), min=0) < tol)
+        # dofs and rows of islands that move (rows in no island are inactive: either value serves)
+        moves = ((~keep).to(qacc.dtype) @ p.island_dofs) > 0
+        rows_move = ((~keep).to(qacc.dtype) @ p.island_rows) > 0
         return (
             keep | converged,
-            torch.where(keep, qacc, new_qacc),
-            torch.where(keep, jar, new_jar),
-            torch.where(keep, grad, new_grad),
-            torch.where(keep, mgrad, new_mgrad),
-            torch.where(keep, search, new_search),
+            torch.where(moves, new_qacc, qacc),
+            torch.where(rows_move, new_jar, jar),
+            torch.where(moves, new_grad, grad),
+            torch.where(moves, new_mgrad, mgrad),
+            torch.where(moves, new_search, search),
         )
 
     carry = (done, qacc, jar, grad, mgrad, -mgrad)
@@ -528,14 +665,16 @@ def solve(m: Model, d: Data) -> Data:
     return finish(settings, inputs, solve_qacc(settings, inputs, unroll=True), d)
 
 
-def _hager_zhang(search: Tensor, grad: Tensor, mgrad: Tensor, new_grad: Tensor, new_mgrad: Tensor) -> Tensor:
-    """Conjugate direction with MuJoCo's Hager-Zhang beta, restarting when conjugacy is lost."""
+def _hager_zhang(dot, norm, island_dofs: Tensor, search: Tensor, grad: Tensor, mgrad: Tensor, new_grad: Tensor,
+                 new_mgrad: Tensor) -> Tensor:
+    """Conjugate direction with MuJoCo's Hager-Zhang beta (one per island: ``dot`` and ``norm`` reduce
+    over each island's dofs [K]), restarting when conjugacy is lost."""
     y = new_grad - grad
     My = new_mgrad - mgrad
-    d_dot_y = (search * y).sum(-1)
+    d_dot_y = dot(search, y)
     ok = d_dot_y >= math.MINVAL
     dy = torch.where(ok, d_dot_y, 1.0)
-    beta_hz = ((y * new_mgrad).sum(-1) - 2 * ((y * My).sum(-1) / dy) * (search * new_grad).sum(-1)) / dy
-    eta_k = -1.0 / torch.clamp(math.safe_norm(search) * torch.clamp(math.safe_norm(new_grad), max=0.01), min=math.MINVAL)
+    beta_hz = (dot(y, new_mgrad) - 2 * (dot(y, My) / dy) * dot(search, new_grad)) / dy
+    eta_k = -1.0 / torch.clamp(norm(search) * torch.clamp(norm(new_grad), max=0.01), min=math.MINVAL)
     beta = torch.where(ok, torch.maximum(eta_k, beta_hz), 0.0)
-    return -new_mgrad + beta * search
+    return -new_mgrad + (beta @ island_dofs) * search

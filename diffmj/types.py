@@ -264,14 +264,14 @@ class Model(PyTreeNode):
     site_quat: Tensor  # [nsite, 4]
     site_size: Tensor  # [nsite, 3]
 
-    # ---- tendons (fixed)
+    # ---- tendons (fixed and spatial)
     tendon_adr: tuple[int, ...] = static_field()
     tendon_num: tuple[int, ...] = static_field()
     tendon_limited: tuple[int, ...] = static_field()
     tendon_actfrclimited: tuple[int, ...] = static_field()
     wrap_type: tuple[int, ...] = static_field()
     wrap_objid: tuple[int, ...] = static_field()
-    wrap_prm: Tensor  # [nwrap] fixed-tendon coefficients
+    wrap_prm: Tensor  # [nwrap] joint coefficients, pulley divisors, side-site ids of wrapping geoms
     tendon_stiffness: Tensor  # [ntendon]
     tendon_damping: Tensor  # [ntendon]
     tendon_armature: Tensor  # [ntendon]

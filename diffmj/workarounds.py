@@ -134,7 +134,7 @@ def _only_vmap_active() -> bool:
 
 def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, unroll: bool = False,
                  early_exit: bool = True) -> tuple:
-    """carry = body(carry) at most ``iterations`` times, stopping once carry[0] (a bool ``done``) holds.
+    """carry = body(carry) at most ``iterations`` times, stopping once all of carry[0] (bool ``done``) holds.
 
     ``body`` must freeze done elements (torch.where), so stopping early or not gives the same
     carry. Eager, and wherever ``unroll`` (differentiating through the iterations), a Python
@@ -162,7 +162,7 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
         count = torch.zeros((), dtype=torch.int64, device=carry[0].device)
 
         def cond(i, *c):
-            return (i < iterations) & ~c[0]
+            return (i < iterations) & ~c[0].all()
 
         def step(i, *c):
             return (i + 1, *body(c))

@@ -22,7 +22,7 @@ SLEEP = """<mujoco><option><flag sleep="enable"/></option>
   <worldbody><body><freejoint/><geom name="ball" size=".1"/></body></worldbody></mujoco>"""
 TENDON = """<mujoco><worldbody><site name="s0"/>
   <body><joint name="hinge"/><geom size=".1" pos="0 0 .5"/><site name="s1" pos="0 0 .5"/></body></worldbody>
-  <tendon><spatial name="string"><site site="s0"/><site site="s1"/></spatial></tendon></mujoco>"""
+  <tendon><spatial name="string" armature=".1"><site site="s0"/><site site="s1"/></spatial></tendon></mujoco>"""
 FRAGMENT = """<mujoco><worldbody><body childclass="missing"><geom size=".1"/></body></worldbody></mujoco>"""
 INCLUDE = """<mujocoinclude><geom size=".1"/></mujocoinclude>"""
 STATIC = """<mujoco><worldbody><geom type="box" size=".1 .1 .1"/></worldbody></mujoco>"""
@@ -60,7 +60,7 @@ def test_census_reports_refusals_by_feature(records):
     assert sleep["status"] == tendon["status"] == "refused"
     assert sleep["refusal"] == "option flag 'sleep' is not supported by diffmj"
     assert sleep["feature"] == "option flag 'sleep'"
-    assert "'string'" in tendon["refusal"] and tendon["feature"] == "tendon: spatial tendons"
+    assert "'string'" in tendon["refusal"] and tendon["feature"] == "tendon: armature on a spatial tendon"
     assert "errors" not in sleep
 
 
@@ -80,7 +80,7 @@ def test_summary_ranks_refusals_and_counts_collections(records):
     assert "3 models with degrees of freedom compiled by MuJoCo (1 static ones and 1 files" in table
     assert "loaded by diffmj: 1; match MuJoCo C within 1e-09: 1." in table
     assert "| tiny | 3 | 1 | 0 | 2 | 0 | 0 | 1 | 1 |" in table
-    assert "| `tendon: spatial tendons` | 1 | tiny 1 | tiny/tendon.xml |" in table
+    assert "| `tendon: armature on a spatial tendon` | 1 | tiny 1 | tiny/tendon.xml |" in table
 
 
 @pytest.mark.parametrize("message, expected", [
@@ -88,7 +88,7 @@ def test_summary_ranks_refusals_and_counts_collections(records):
     ("geom pair #1 (box) - #2 (mesh): collision is not supported by diffmj", "geom pair (box) - (mesh): collision"),
     ("sensor #4: rangefinder ray against hfield geom 'terrain' is not supported by diffmj",
      "sensor: rangefinder ray against hfield geom"),
-    ("tendon 'string': spatial tendons is not supported by diffmj", "tendon: spatial tendons"),
+    ("tendon 'string': armature on a spatial tendon is not supported by diffmj", "tendon: armature on a spatial tendon"),
     ("option solver 'PGS' (use Newton or CG) is not supported by diffmj", "option solver 'PGS' (use Newton or CG)"),
 ])
 def test_feature_drops_element_names(message, expected):

@@ -266,10 +266,3 @@ def test_robot_contacts_and_solution(steps):
     ours, theirs = match_efc(m, out, mjd)
     assert_close("efc_J", as_numpy(out.efc_J)[ours], mj_efc_J(mjm, mjd)[theirs], TOL["rows"])
     assert_solution(m, out, mjm, mjd)
-
-
-def test_other_mesh_pairs_refused_by_name():
-    mjm = _plane_model(0.0)
-    mjm.geom_conaffinity[1] = 2  # mesh g0 now collides with the other meshes
-    with pytest.raises(NotImplementedError, match="geom pair 'g0' \\(mesh\\) - 'g1' \\(mesh\\): collision"):
-        diffmj.put_model(mjm)

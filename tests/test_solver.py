@@ -126,46 +126,6 @@ def test_batch_equals_each_element():
         assert_close("efc_force", batch[i].efc_force, single.efc_force, 1e-12)
 
 
-@pytest.mark.parametrize("name, steps", [("constraints", 0), ("contacts", 250)])
-def test_breakpoint_search_minimises_the_line_cost(name, steps):
-    """The exact line search's step beats every step on a fine grid and both its neighbours.
-
-    Checked against the 1-D cost itself (_cost_change), which the search never evaluates;
-    constraints.xml has equality, frictionloss and limit rows, contacts.xml pyramidal contacts.
-    """
-    from diffmj import solver
-
-    mjm = mj_model(name)
-    mjd = settled_state(mjm, steps) if steps else random_state(mjm, 0, scale=0.6)
-    m = diffmj.put_model(mjm)
-    d = diffmj.forward(m, diffmj.put_data(m, mjd))
-    settings, inputs = solver.settings_and_inputs(m, d)
-    p = solver.problem(settings, inputs)
-    assert not p.cones and int(p.active.sum()) > 3
-    g = torch.Generator().manual_seed(0)
-    # away from the optimum, where the line cost is not just rounding
-    for qacc in (d.qacc_smooth, 0.5 * (d.qacc_smooth + d.qacc), d.qacc + 0.1 * torch.randn(d.qacc.shape, generator=g, dtype=d.qacc.dtype)):
-        for _ in range(5):
-            # a descent direction: within 0.3 |gradient| of steepest descent
-            gradient = solver.residual(settings, inputs, qacc)
-            noise = torch.randn(qacc.shape, generator=g, dtype=qacc.dtype)
-            search = -gradient + 0.3 * gradient.norm() * noise / noise.norm()
-            jar = p.J @ qacc - p.aref
-            Jv = p.J @ search
-            quad_gauss = solver._gauss_quadratic(p, qacc, search)
-            alpha = solver._breakpoint_search(p, jar, Jv, quad_gauss)
-            assert alpha > 0
-
-            def cost(a):
-                return solver._cost_change(p, jar, Jv, quad_gauss, torch.as_tensor(a, dtype=qacc.dtype))
-
-            best = cost(alpha)
-            grid = torch.linspace(0, 3 * float(alpha), 3001, dtype=qacc.dtype)
-            slack = 1e-12 * abs(float(best))  # rounding of the cost's terms, not of the step
-            assert best <= torch.vmap(cost)(grid).min() + slack
-            assert best <= cost(alpha * (1 - 1e-7)) + slack and best <= cost(alpha * (1 + 1e-7)) + slack
-
-
 @pytest.fixture(scope="module")
 def small_contact_model():
     """A box on a plane with a capsule arm: few rows, cheap to compile."""

@@ -48,6 +48,10 @@ class MeshShape(NamedTuple):
     poly_vert: Tensor  # [n, F, K] long: each hull polygon's vertices in order (-1 past the end)
     poly_normal: Tensor  # [n, F, 3] outward unit normal of each hull polygon, in the mesh frame
     facet: Tensor  # [n, T, 3] long: the hull's triangles, counter-clockwise seen from outside (-1: none)
+    on_hull: Tensor  # [n, V] bool: the vertex is one MuJoCo's GJK support may return
+    vert_edge: Tensor  # [n, V, P] long: per polygon at a vertex, the vertex before it in the polygon (-1: none)
+    edge: Tensor  # [n, E, 2] long: the edges of the hull's triangles (-1: none)
+    edge_facet: Tensor  # [n, E, 2] long: the two triangles that meet at each edge
 
 
 class MeshPose(NamedTuple):

@@ -556,9 +556,9 @@ def _even_parts(t: _Terms, u: Tensor, mu: Tensor, seg_act: Tensor, disk_act: Ten
 
 # ---------------------------------------------------------------- multi-CCD (mjc_multicontact)
 
-_FACE_TOL = 0.996  # mjFACE_TOL: cosine within which two faces are antiparallel (~5.1 degrees)
-_EDGE_TOL = 0.0888  # mjEDGE_TOL: sine within which an edge is parallel to a face
-_FACING = 1e-15  # an edge's partner face must face the other geom by more than this
+FACE_TOL = 0.996  # mjFACE_TOL: cosine within which two faces are antiparallel (~5.1 degrees)
+EDGE_TOL = 0.0888  # mjEDGE_TOL: sine within which an edge is parallel to a face
+FACING = 1e-15  # an edge's partner face must face the other geom by more than this
 
 # MuJoCo's 16-gon for a cylinder cap (cylinderFace): vertex k at angle 2 pi k / 16, as literals
 _COS16 = (1.0, 0.923879532511287, 0.707106781186548, 0.38268343236509, 0.0, -0.38268343236509,
@@ -569,7 +569,7 @@ _SIN16 = (0.0, 0.38268343236509, 0.707106781186547, 0.923879532511287, 1.0, 0.92
           -0.923879532511287, -1.0, -0.923879532511287, -0.707106781186548, -0.38268343236509)
 
 # box faces (boxFace): corner sign patterns of the four vertices of faces +x, -x, +y, -y, +z, -z
-_BOX_FACES = (
+BOX_FACES = (
     ((1, 1, 1), (1, 1, -1), (1, -1, -1), (1, -1, 1)),
     ((-1, 1, -1), (-1, 1, 1), (-1, -1, 1), (-1, -1, -1)),
     ((-1, 1, -1), (1, 1, -1), (1, 1, 1), (-1, 1, 1)),
@@ -694,7 +694,7 @@ def _face_polygon(kind: GeomType, geom: GeomPose, index: Tensor) -> tuple[Tensor
     """Vertices [n, 16, 3] (padded) and vertex count [n] of face ``index`` [n] of a box or cylinder."""
     dtype = geom.pos.dtype
     if kind == GeomType.BOX:
-        signs = torch.tensor(_BOX_FACES, dtype=dtype, device=geom.pos.device)  # [6, 4, 3]
+        signs = torch.tensor(BOX_FACES, dtype=dtype, device=geom.pos.device)  # [6, 4, 3]
         faces = _local_to_world(geom, signs * geom.size[..., None, None, :])  # [n, 6, 4, 3]
         face = torch.take_along_dim(faces, index[..., None, None, None], -3)[..., 0, :, :]
         face = torch.cat((face, face[..., :1, :].expand(*face.shape[:-2], _MAXVERT - 4, 3)), -2)
@@ -707,7 +707,12 @@ def _face_polygon(kind: GeomType, geom: GeomPose, index: Tensor) -> tuple[Tensor
     return _local_to_world(geom, local), torch.full_like(index, 16)
 
 
-_CAPACITY = 2 * _MAXVERT + 4  # vertices of a clipped polygon
+_CAPACITY = 2 * _MAXVERT + 4  # vertices of a clipped polygon of the primitive geoms' faces
+
+
+def _capacity(face: Tensor, poly: Tensor) -> int:
+    """Vertex slots of a clipped polygon: a clip by each face edge adds at most one vertex."""
+    return max(_CAPACITY, face.shape[-2] + poly.shape[-2] + 4)
 
 
 def _normalize3(v: Tensor) -> Tensor:
@@ -725,7 +730,7 @@ def _clip(face: Tensor, nface: Tensor, poly: Tensor, npoly: Tensor, normal: Tens
     Port of polygonClip's clipping loop: for each face edge, the plane through it orthogonal
     to the face (normal ``normal`` [n, 3]); each polygon edge P -> Q keeps its crossing point
     and Q when inside (signed distance > -1e-15). Vertices more than ``margin`` [n] above the
-    face plane are dropped. Returns the polygon [n, _CAPACITY, 3] and its vertex count.
+    face plane are dropped. Returns the polygon [n, C, 3] and its vertex count, C = _capacity(face, poly).
     """
     arange = torch.arange(face.shape[-2], device=face.device)
     nxt = torch.where(arange + 1 >= nface[..., None], 0, arange + 1)
@@ -733,9 +738,10 @@ def _clip(face: Tensor, nface: Tensor, poly: Tensor, npoly: Tensor, normal: Tens
     v2 = torch.take_along_dim(face, nxt[..., None], -2)
     v3 = v1 + normal[..., None, :]
     planes = _normalize3(cross(v2 - v1, v3 - v1))  # inward normals of the side planes
-    pad = _CAPACITY - poly.shape[-2]
+    capacity = _capacity(face, poly)
+    pad = capacity - poly.shape[-2]
     poly = torch.cat((poly, poly[..., :1, :].expand(*poly.shape[:-2], pad, 3)), -2)
-    slots = torch.arange(_CAPACITY, device=face.device)
+    slots = torch.arange(capacity, device=face.device)
     for e in range(face.shape[-2]):
         origin, plane = v1[..., e, None, :], planes[..., e, None, :]
         q = torch.take_along_dim(poly, torch.where(slots + 1 == npoly[..., None], 0, slots + 1)[..., None], -2)
@@ -748,12 +754,12 @@ def _clip(face: Tensor, nface: Tensor, poly: Tensor, npoly: Tensor, normal: Tens
         cut = t[..., None] * (q - poly) + poly
         listed = slots < npoly[..., None]
         emit = torch.stack((crossing & listed, in2 & listed), -1).flatten(-2)
-        valid, clipped = compact(emit, _CAPACITY, torch.stack((cut, q), -2).flatten(-3, -2))
+        valid, clipped = compact(emit, capacity, torch.stack((cut, q), -2).flatten(-3, -2))
         use = (e < nface)[..., None]
         poly = torch.where(use[..., None], clipped, poly)
         npoly = torch.where(use[..., 0], valid.sum(-1), npoly)
     below = ~(margin[..., None] < dot(poly - v1[..., :1, :], normal[..., None, :]))
-    valid, poly = compact(below & (slots < npoly[..., None]), _CAPACITY, poly)
+    valid, poly = compact(below & (slots < npoly[..., None]), capacity, poly)
     return poly, valid.sum(-1)
 
 
@@ -821,7 +827,7 @@ def _farthest_pair(poly: Tensor, npoly: Tensor) -> Tensor:
     return torch.stack((i[k], j[k]), -1)
 
 
-def _clip_contacts(face, nface, poly, npoly, normal, wit, margin, maxc: int, edge: Tensor):
+def clip_contacts(face, nface, poly, npoly, normal, wit, margin, maxc: int, edge: Tensor):
     """polygonClip: clip, pick at most ``maxc`` vertices, and their witness points.
 
     Returns the count [n], the points on the clipping face [n, maxc, 3], the points on the
@@ -859,6 +865,57 @@ def _first(mask: Tensor) -> tuple[Tensor, Tensor]:
     return flat.any(-1), flat.long().argmax(-1)
 
 
+class MulticontactChoice(NamedTuple):
+    """What mjc_multicontact clips: one of three cases [n] and the face / edge slots in use [n]."""
+
+    face_face: Tensor  # a face of each geom
+    edge1: Tensor  # an edge of geom 1 against a face of geom 2
+    edge2: Tensor  # an edge of geom 2 against a face of geom 1
+    face1: Tensor  # geom 1's face slot (face_face, edge2)
+    face2: Tensor  # geom 2's face slot (face_face, edge1)
+    edge_slot1: Tensor  # geom 1's edge slot (edge1)
+    edge_slot2: Tensor  # geom 2's edge slot (edge2)
+
+
+def multicontact_choice(direction: Tensor, feature1: tuple, feature2: tuple) -> MulticontactChoice:
+    """MuJoCo 4's choice of features to clip, given each geom's candidate faces and edges.
+
+    ``direction`` [n, 3]: from geom 1's witness point to geom 2's. Each feature is (face normals
+    [n, A, 3], their validity [n, A], the feature's dimension [n] (1 vertex, 2 edge, 3 face), edge
+    directions [n, E, 3], their validity [n, E]). Faces within ~5 degrees of antiparallel, each
+    facing the other geom, win (the most antiparallel pair); else an edge within ~5 degrees of
+    parallel to a face of the other geom (the first (face, edge) pair; geom 2's edge first where
+    geom 2's feature is of lower dimension or geom 2 has no face).
+    """
+    n1, ok1, dim1, dirs1, edge_ok1 = feature1
+    n2, ok2, dim2, dirs2, edge_ok2 = feature2
+    slack = EDGE_TOL * _sqrt(dot(direction, direction))[..., None]
+    facing1 = ok1 & (dot(direction[..., None, :], n1) < -slack)
+    facing2 = ok2 & (dot(direction[..., None, :], n2) > slack)
+    cosine = dot(n1[..., :, None, :], n2[..., None, :, :])
+    aligned = facing1[..., :, None] & facing2[..., None, :] & (cosine < -FACE_TOL)
+    face_face, best = _first(aligned)
+    if aligned.numel():
+        best = torch.where(aligned, cosine, torch.inf).flatten(-2).argmin(-1)
+
+    count1, count2 = ok1.sum(-1), ok2.sum(-1)
+    parallel = lambda normals, dirs: dot(normals[..., :, None, :], dirs[..., None, :, :]).abs() < EDGE_TOL  # noqa: E731
+    e1_any, e1_at = _first((ok2 & (dot(direction[..., None, :], n2) > FACING))[..., :, None]
+                           & edge_ok1[..., None, :] & parallel(n2, dirs1))
+    e1_any = e1_any & (dim1 != 3) & (count2 > 0)
+    e2_any, e2_at = _first((ok1 & (dot(-direction[..., None, :], n1) > FACING))[..., :, None]
+                           & edge_ok2[..., None, :] & parallel(n1, dirs2))
+    e2_any = e2_any & (dim2 != 3) & (count1 > 0)
+    e2_first = (count1 > 0) & (dim2 != 3) & ((count2 == 0) | (dim2 < dim1))
+    edge1 = ~face_face & e1_any & ~(e2_first & e2_any)
+    edge2 = ~face_face & ~edge1 & e2_any
+    nedge1, nedge2 = max(dirs1.shape[-2], 1), max(dirs2.shape[-2], 1)
+    return MulticontactChoice(face_face, edge1, edge2,
+                              torch.where(face_face, best // n2.shape[-2], e2_at // nedge2),
+                              torch.where(face_face, best % n2.shape[-2], e1_at // nedge1),
+                              e1_at % nedge1, e2_at % nedge2)
+
+
 def _multicontact(kinds: tuple[GeomType, GeomType], geoms: tuple[GeomPose, GeomPose], sol: _Solution, nseg1: int,
                   margin: Tensor, maxc: int):
     """MuJoCo 4's mjc_multicontact on the ideal features of the exact contact.
@@ -875,40 +932,14 @@ def _multicontact(kinds: tuple[GeomType, GeomType], geoms: tuple[GeomPose, GeomP
     feat2 = _feature(kinds[1], geom2, -sol.normal, sol.seg_act[..., nseg1:], x2)
     n1, face1, ok1 = _face_normals(kinds[0], geom1, feat1)
     n2, face2, ok2 = _face_normals(kinds[1], geom2, feat2)
-    direction = x2 - x1
-
-    # faces within ~5 degrees of antiparallel, each facing the other geom: the most antiparallel pair
-    slack = _EDGE_TOL * _sqrt(dot(direction, direction))[..., None]
-    facing1 = ok1 & (dot(direction[..., None, :], n1) < -slack)
-    facing2 = ok2 & (dot(direction[..., None, :], n2) > slack)
-    cosine = dot(n1[..., :, None, :], n2[..., None, :, :])
-    aligned = facing1[..., :, None] & facing2[..., None, :] & (cosine < -_FACE_TOL)
-    face_face, best = _first(aligned)  # best: the first of the most antiparallel pairs
-    if aligned.numel():
-        best = torch.where(aligned, cosine, torch.inf).flatten(-2).argmin(-1)
-    ff_i, ff_j = best // n2.shape[-2], best % n2.shape[-2]
-
-    # an edge within ~5 degrees of parallel to a face of the other geom: first (face, edge) pair
     start1, ends1, dirs1, edge_ok1 = _edges(kinds[0], geom1, feat1, x1)
     start2, ends2, dirs2, edge_ok2 = _edges(kinds[1], geom2, feat2, x2)
-    count1, count2 = ok1.sum(-1), ok2.sum(-1)
-    parallel = lambda normals, dirs: dot(normals[..., :, None, :], dirs[..., None, :, :]).abs() < _EDGE_TOL  # noqa: E731
-    e1_any, e1_at = _first((ok2 & (dot(direction[..., None, :], n2) > _FACING))[..., :, None]
-                           & edge_ok1[..., None, :] & parallel(n2, dirs1))
-    e1_any = e1_any & (feat1.dim != 3) & (count2 > 0)
-    e2_any, e2_at = _first((ok1 & (dot(-direction[..., None, :], n1) > _FACING))[..., :, None]
-                           & edge_ok2[..., None, :] & parallel(n1, dirs2))
-    e2_any = e2_any & (feat2.dim != 3) & (count1 > 0)
-    e2_first = (count1 > 0) & (feat2.dim != 3) & ((count2 == 0) | (feat2.dim < feat1.dim))
-    edge1 = ~face_face & e1_any & ~(e2_first & e2_any)
-    edge2 = ~face_face & ~edge1 & e2_any
+    choice = multicontact_choice(x2 - x1, (n1, ok1, feat1.dim, dirs1, edge_ok1), (n2, ok2, feat2.dim, dirs2, edge_ok2))
+    face_face, edge1, edge2 = choice.face_face, choice.edge1, choice.edge2
 
     # the clipping face and the clipped polygon (a face or an edge)
     at = lambda x, i: torch.take_along_dim(x, i[..., None, None], -2)[..., 0, :]  # noqa: E731
-    e1_face, e1_edge = e1_at // ends1.shape[-2], e1_at % ends1.shape[-2]
-    e2_face, e2_edge = e2_at // ends2.shape[-2], e2_at % ends2.shape[-2]
-    i1 = torch.where(face_face, ff_i, e2_face)  # face of geom 1 in use
-    i2 = torch.where(face_face, ff_j, e1_face)  # face of geom 2 in use
+    i1, i2, e1_edge, e2_edge = choice.face1, choice.face2, choice.edge_slot1, choice.edge_slot2
     normal1 = at(n1, i1) if n1.shape[-2] else torch.zeros_like(x1)  # a capsule has no face
     normal2 = at(n2, i2)
     fill = torch.zeros_like(x1[..., None, :]).expand(*x1.shape[:-1], _MAXVERT, 3)
@@ -929,7 +960,7 @@ def _multicontact(kinds: tuple[GeomType, GeomType], geoms: tuple[GeomPose, GeomP
 
     m1 = 0.0 if kinds[0] == GeomType.CAPSULE else 0.5  # a capsule's edge already runs through x1
     both = (m1 + 0.5) * margin
-    count, on_face, on_poly, dist, tied = _clip_contacts(face, nface, poly, npoly, normal, wit, both, maxc,
+    count, on_face, on_poly, dist, tied = clip_contacts(face, nface, poly, npoly, normal, wit, both, maxc,
                                                    ~face_face)
     p1 = torch.where(edge1[..., None, None], on_poly, on_face) + (m1 * margin)[..., None, None] * inflate[..., None, :]
     p2 = torch.where(edge1[..., None, None], on_face, on_poly) - half[..., None] * inflate[..., None, :]

@@ -13,12 +13,20 @@ one batch (and under ``torch.vmap`` / ``torch.compile``):
   (``argmax`` returns the first of equals), so padding is never chosen.
 * ``vert_poly`` [nmesh, V, P], ``poly_vert`` [nmesh, F, K]: ids, -1 padded.
 * ``poly_normal`` [nmesh, F, 3].
+* ``on_hull`` [nmesh, V]: the vertices GJK's support may return. For 10 or more
+  vertices MuJoCo climbs the hull graph, whose vertices are qhull's: a vertex
+  qhull counted as inside (up to ~1e-5 outside a hull facet, seen) is then no
+  part of the geom.
+* ``vert_edge`` [nmesh, V, P]: for each polygon at a vertex, the vertex before it
+  in the polygon (the edges MuJoCo's multi-contact tries at a vertex), -1 padded.
 * ``facet`` [nmesh, T, 3]: the hull as triangles of its vertices, for exact
-  distances. The compiler merges nearly coplanar facets into one polygon
-  that need not be planar (~1e-6 off in float32 vertices), while MuJoCo's
-  GJK / EPA see the vertices: so each polygon is split into the triangles of
-  its vertices that have every other vertex of it on or below their plane
-  (a fan where it is planar).
+  distances: qhull's triangulation (scipy) of the ``on_hull`` vertices, which is
+  what MuJoCo's GJK / EPA see. The compiler's polygons are no substitute: it
+  merges nearly coplanar facets into polygons that need not be planar (~1e-6
+  off in float32 vertices) and can leave out a hull vertex (seen 1e-5 outside
+  them). ``edge`` [nmesh, E, 2] are the triangles' edges and ``edge_facet``
+  [nmesh, E, 2] the two triangles at each, for the separating-axis test of two
+  hulls.
 
 Mesh-plane (``mjc_PlaneConvex`` in MuJoCo 4) gives up to 4 contacts, none
 unless the deepest vertex is within the margin. The hull polygon at the
@@ -39,6 +47,7 @@ from __future__ import annotations
 import mujoco
 import numpy as np
 import torch
+from scipy.spatial import ConvexHull
 from torch import Tensor
 
 from diffmj.collision.common import Candidates, GeomPose, MeshPose, MeshShape, compact, make_candidates
@@ -58,6 +67,10 @@ class Meshes(PyTreeNode):
     poly_vert: Tensor  # [nmesh, F, K] long
     poly_normal: Tensor  # [nmesh, F, 3]
     facet: Tensor  # [nmesh, T, 3] long
+    on_hull: Tensor  # [nmesh, V] bool
+    vert_edge: Tensor  # [nmesh, V, P] long
+    edge: Tensor  # [nmesh, E, 2] long
+    edge_facet: Tensor  # [nmesh, E, 2] long
 
 
 def mesh_unsupported(mjm: mujoco.MjModel, mesh: int) -> str | None:
@@ -79,32 +92,47 @@ def _mesh_arrays(mjm: mujoco.MjModel, mesh: int) -> tuple[np.ndarray, list[list[
     return vert, vert_poly, poly_vert, np.asarray(mjm.mesh_polynormal[polyadr: polyadr + npoly], np.float64)
 
 
-_PLANAR = 1e-12  # height above a triangle's plane (relative to the mesh size) that counts as on it
+_HILLCLIMB_MIN = 10  # mjMESH_HILLCLIMB_MIN: meshes with fewer vertices are searched vertex by vertex
 
 
-def _facets(vert: np.ndarray, poly_vert: list[list[int]], poly_normal: np.ndarray) -> list[list[int]]:
-    """Triangles (vertex ids, counter-clockwise from outside) covering the hull polygons (see module doc)."""
-    scale = np.abs(vert).max()
-    out = []
-    for ids, normal in zip(poly_vert, poly_normal):
-        fan = [(ids[0], ids[k], ids[k + 1]) for k in range(1, len(ids) - 1)]
-        triples = fan if _planar(vert, ids, fan[0], scale) else \
-            [(a, b, c) for i, a in enumerate(ids) for j, b in enumerate(ids[i + 1:], i + 1) for c in ids[j + 1:]]
-        for tri in triples:
-            p = vert[list(tri)]
-            n = np.cross(p[1] - p[0], p[2] - p[0])
-            if n @ normal < 0:
-                tri, n = (tri[0], tri[2], tri[1]), -n
-            if np.linalg.norm(n) > 0 and np.all((vert[ids] - p[0]) @ (n / np.linalg.norm(n)) <= _PLANAR * scale):
-                out.append(list(tri))
+def _on_hull(mjm: mujoco.MjModel, mesh: int) -> np.ndarray:
+    """Which vertices MuJoCo's mesh support function may return (see module doc)."""
+    nvert = mjm.mesh_vertnum[mesh]
+    if nvert < _HILLCLIMB_MIN:
+        return np.ones(nvert, bool)
+    graph = mjm.mesh_graph[mjm.mesh_graphadr[mesh]:]
+    numvert = graph[0]
+    out = np.zeros(nvert, bool)
+    out[graph[2 + numvert: 2 + 2 * numvert]] = True
     return out
 
 
-def _planar(vert: np.ndarray, ids: list[int], tri: tuple[int, int, int], scale: float) -> bool:
-    """Whether every vertex of the polygon ``ids`` lies on the plane of its triangle ``tri``."""
-    p = vert[list(tri)]
-    n = np.cross(p[1] - p[0], p[2] - p[0])
-    return bool(np.all(np.abs((vert[ids] - p[0]) @ (n / np.linalg.norm(n))) <= _PLANAR * scale))
+def _facets(vert: np.ndarray, on_hull: np.ndarray) -> list[list[int]]:
+    """Triangles (vertex ids, counter-clockwise from outside) of the convex hull of the vertices
+    ``on_hull`` (qhull's, exact to rounding)."""
+    ids = np.flatnonzero(on_hull)
+    hull = ConvexHull(vert[ids])
+    out = []
+    for tri, plane in zip(ids[hull.simplices], hull.equations):
+        p = vert[tri]
+        if np.cross(p[1] - p[0], p[2] - p[0]) @ plane[:3] < 0:
+            tri = tri[[0, 2, 1]]
+        out.append([int(k) for k in tri])
+    return out
+
+
+def vertex_edges(vert_poly: list[list[int]], poly_vert: list[list[int]]) -> list[list[int]]:
+    """For each vertex, the vertex before it in each polygon at it (MuJoCo's meshEdgeNormals)."""
+    return [[poly_vert[p][poly_vert[p].index(v) - 1] for p in polys] for v, polys in enumerate(vert_poly)]
+
+
+def facet_edges(facets: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:
+    """The edges (vertex pairs) of a closed triangle mesh and the two triangles at each."""
+    at: dict[tuple[int, int], list[int]] = {}
+    for t, tri in enumerate(facets):
+        for k in range(3):
+            at.setdefault(tuple(sorted((tri[k], tri[k - 1]))), []).append(t)
+    return [list(e) for e in at], [(ts * 2)[:2] for ts in at.values()]
 
 
 def build_meshes(mjm: mujoco.MjModel, meshes: list[int], dtype: torch.dtype, device: torch.device) -> Meshes:
@@ -123,7 +151,10 @@ def build_meshes(mjm: mujoco.MjModel, meshes: list[int], dtype: torch.dtype, dev
                 out[i, j, :len(r)] = r
         return out
 
-    facets = [_facets(p[0], p[2], p[3]) for p in parts]
+    hull = [_on_hull(mjm, k) for k in meshes]
+    facets = [_facets(p[0], on) for p, on in zip(parts, hull)]
+    edges = [facet_edges(f) for f in facets]
+    nedge = max((len(e) for e, _ in edges), default=1)
     npoly = max((len(p[2]) for p in parts), default=1)
     normal = np.zeros((len(parts), npoly, 3))
     for i, p in enumerate(parts):
@@ -133,7 +164,12 @@ def build_meshes(mjm: mujoco.MjModel, meshes: list[int], dtype: torch.dtype, dev
                   vert_poly=torch.as_tensor(stack([p[1] for p in parts], nvert), device=device),
                   poly_vert=torch.as_tensor(stack([p[2] for p in parts], npoly), device=device),
                   poly_normal=as_float(normal),
-                  facet=torch.as_tensor(stack(facets, max((len(f) for f in facets), default=1)), device=device))
+                  facet=torch.as_tensor(stack(facets, max((len(f) for f in facets), default=1)), device=device),
+                  on_hull=torch.as_tensor(np.stack([np.pad(on, (0, nvert - len(on))) for on in hull])
+                                          if parts else np.zeros((0, 1), bool), device=device),
+                  vert_edge=torch.as_tensor(stack([vertex_edges(p[1], p[2]) for p in parts], nvert), device=device),
+                  edge=torch.as_tensor(stack([e for e, _ in edges], nedge), device=device),
+                  edge_facet=torch.as_tensor(stack([f for _, f in edges], nedge), device=device))
 
 
 def mesh_shape(meshes: Meshes, row: Tensor) -> MeshShape:

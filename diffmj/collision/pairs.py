@@ -12,7 +12,7 @@ from typing import Callable, NamedTuple
 
 from torch import Tensor
 
-from diffmj.collision import box, convex, mesh, primitive
+from diffmj.collision import box, convex, mesh, polytope, primitive
 from diffmj.collision.common import Candidates, GeomPose, MeshPose
 from diffmj.enums import GeomType
 
@@ -58,5 +58,7 @@ COLLIDERS: dict[tuple[GeomType, GeomType], Collider] = {
     (_G.CAPSULE, _G.CAPSULE): Collider(primitive.capsule_capsule, 2),
     (_G.CAPSULE, _G.BOX): Collider(primitive.capsule_box, 2),  # MuJoCo 4 emits at most two (mj_maxContact: four)
     (_G.BOX, _G.BOX): Collider(box.box_box, 8),
+    (_G.BOX, _G.MESH): Collider(polytope.box_mesh, polytope.MAX_CONTACTS, general_convex=True),
+    (_G.MESH, _G.MESH): Collider(polytope.mesh_mesh, polytope.MAX_CONTACTS, general_convex=True),
     **{types: _general_convex(types, n) for types, n in _GENERAL_CONVEX.items()},
 }
