@@ -17,6 +17,7 @@ from diffmj.collision.driver import collision
 from diffmj.constraint import make_constraint, reference_constraint
 from diffmj.passive import fluid_force_vel, passive
 from diffmj.adjoint import solve_implicit
+from diffmj.noslip import noslip
 from diffmj.sensor import sensor_acc, sensor_pos, sensor_vel
 from diffmj.smooth import (
     apply_ft,
@@ -76,10 +77,12 @@ def fwd_acceleration(m: Model, d: Data) -> Data:
 def fwd_constraint(m: Model, d: Data, mode: BackwardMode) -> Data:
     """Constrained acceleration from the constraint solver; qacc_smooth without constraint rows.
 
-    mode chooses how gradients pass through the solver (the result is the same).
+    mode chooses how gradients pass through the solver (the result is the same). With
+    opt.noslip_iterations, MuJoCo's noslip sweeps then post-process the friction forces.
     """
     if m.constraint_plan.nefc:
-        return solve_implicit(m, d) if mode == BackwardMode.IMPLICIT else solve(m, d)
+        d = solve_implicit(m, d) if mode == BackwardMode.IMPLICIT else solve(m, d)
+        return noslip(m, d) if m.opt.noslip_iterations else d
     # a copy: fields must not alias (torch.compile would recompile on aliased inputs)
     return d.replace(qacc=d.qacc_smooth.clone(), qfrc_constraint=torch.zeros_like(d.qacc_smooth))
 

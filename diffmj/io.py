@@ -79,8 +79,6 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         _refuse(f"option integrator '{IntegratorType(opt.integrator).name.lower()}'")
     if opt.enableflags & EnableBit.SLEEP:
         _refuse("option flag 'sleep'")
-    if opt.noslip_iterations > 0:
-        _refuse("option noslip_iterations > 0 (noslip solver)")
     for count, feature in (
         (mjm.nflex, "flex"),
         (mjm.nplugin, "plugin"),
@@ -241,6 +239,7 @@ def put_model(
         impratio=t(o.impratio),
         tolerance=t(o.tolerance),
         ls_tolerance=t(o.ls_tolerance),
+        noslip_tolerance=t(o.noslip_tolerance),
         o_margin=t(o.o_margin),
         o_solref=t(o.o_solref),
         o_solimp=t(o.o_solimp),
@@ -254,6 +253,7 @@ def put_model(
         solver=_solver(SolverType(o.solver)),
         iterations=int(o.iterations),
         ls_iterations=int(o.ls_iterations),
+        noslip_iterations=int(o.noslip_iterations),
         disableflags=int(o.disableflags),
         enableflags=int(o.enableflags),
         disableactuator=int(o.disableactuator),
@@ -279,8 +279,8 @@ def put_model(
               "dof_invweight0", "tendon_length0", "pair_margin", "pair_gap"):
         fields[f] = fields[f].reshape(-1)
     collision_plan = build_collision_plan(mjm, dtype, device)
+    constraint_plan = build_constraint_plan(mjm, collision_plan, dtype, device)
     contact_geom = collision_plan.contact_geom.cpu().numpy()
-    constraint_plan = build_constraint_plan(mjm, collision_plan.contact_dim, contact_geom, dtype, device)
     return Model(
         opt=opt,
         tree=build_tree_plan(mjm, dtype, device),

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffmj.collision.plan import CollisionPlan
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
 from diffmj.math import MINVAL
 from diffmj.enums import (
@@ -372,6 +373,9 @@ class ConstraintPlan(PyTreeNode):
     dof_tree: Tensor  # [nv, ntree] 1 at each dof's tree
     efc_type: tuple[int, ...] = static_field()
     efc_id: tuple[int, ...] = static_field()
+    # (first row, slot, condim) of each contact with friction rows, in MuJoCo's contact order
+    # (the order its noslip sweep visits them: efc rows follow d.contact there)
+    frictional_contacts: tuple[tuple[int, int, int], ...] = static_field()
     ne: int = static_field()  # equality rows
     nf: int = static_field()  # friction rows
     nl: int = static_field()  # limit rows
@@ -410,10 +414,13 @@ def _row_trees(mjm, efc_type: list[int], efc_id: list[int], contact_geom: np.nda
     return trees, from_J
 
 
-def build_constraint_plan(mjm, contact_dim: tuple[int, ...], contact_geom: np.ndarray, dtype,
-                          device) -> ConstraintPlan:
-    """Row layout for the model's equalities, frictionloss, limits and contact slots; ``contact_geom``
-    [ncon, 2] are the geoms of each contact slot."""
+def build_constraint_plan(mjm, collision_plan: CollisionPlan, dtype, device) -> ConstraintPlan:
+    """Row layout for the model's equalities, frictionloss, limits and contact slots.
+
+    The collision plan gives the contact slots' condim, geoms and MuJoCo's contact order.
+    """
+    contact_dim, contact_order = collision_plan.contact_dim, collision_plan.contact_order
+    contact_geom = collision_plan.contact_geom.cpu().numpy()
     flags = mjm.opt.disableflags
     if flags & DisableBit.CONSTRAINT:
         contact_dim = ()
@@ -470,6 +477,9 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], contact_geom: np.nd
                 rows_per_contact=per,
             )
         )
+    first_row = {s: r for group in contacts for s, r in zip(group.slot.tolist(), group.row.tolist())}
+    frictional_contacts = tuple((first_row[s], s, contact_dim[s]) for s in contact_order
+                                if s in first_row and contact_dim[s] > 1)
     obj2 = np.asarray(mjm.eq_obj2id, dtype=np.int64).reshape(-1)
     frictional = [t in (ConstraintType.FRICTION_DOF, ConstraintType.FRICTION_TENDON) for t in efc_type]
     for group in contacts:
@@ -491,6 +501,7 @@ def build_constraint_plan(mjm, contact_dim: tuple[int, ...], contact_geom: np.nd
         contacts=tuple(contacts),
         efc_type=tuple(efc_type),
         efc_id=tuple(efc_id),
+        frictional_contacts=frictional_contacts,
         ne=ne,
         nf=nf,
         nl=nl,

@@ -78,6 +78,7 @@ class Option(PyTreeNode):
     impratio: Tensor  # []
     tolerance: Tensor  # []
     ls_tolerance: Tensor  # []
+    noslip_tolerance: Tensor  # [] the noslip sweeps stop once their scaled improvement is below it
     o_margin: Tensor  # []
     o_solref: Tensor  # [2]
     o_solimp: Tensor  # [5]
@@ -91,6 +92,7 @@ class Option(PyTreeNode):
     solver: SolverType = static_field()
     iterations: int = static_field()
     ls_iterations: int = static_field()
+    noslip_iterations: int = static_field()  # 0: no noslip post-processing of the contact friction
     disableflags: int = static_field()
     enableflags: int = static_field()
     disableactuator: int = static_field()

@@ -19,7 +19,7 @@ _spec = importlib.util.spec_from_file_location("census_benchmark", ROOT / "bench
 census = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(census)
 
-NOSLIP = """<mujoco><option noslip_iterations="5"/>
+SLEEP = """<mujoco><option><flag sleep="enable"/></option>
   <worldbody><body><freejoint/><geom name="ball" size=".1"/></body></worldbody></mujoco>"""
 TENDON = """<mujoco><worldbody><site name="s0"/>
   <body><joint name="hinge"/><geom size=".1" pos="0 0 .5"/><site name="s1" pos="0 0 .5"/></body></worldbody>
@@ -34,7 +34,7 @@ def records(tmp_path_factory) -> dict[str, dict]:
     folder = tmp_path_factory.mktemp("census")
     shutil.copy(ROOT / "tests" / "models" / "pendulum.xml", folder / "pendulum.xml")
     (folder / "sub").mkdir()
-    for name, text in (("sub/noslip.xml", NOSLIP), ("tendon.xml", TENDON), ("fragment.xml", FRAGMENT),
+    for name, text in (("sub/sleep.xml", SLEEP), ("tendon.xml", TENDON), ("fragment.xml", FRAGMENT),
                        ("include.xml", INCLUDE), ("static.xml", STATIC)):
         (folder / name).write_text(text)
     out = census.run_census({"tiny": folder}, timeout=300, states=1, steps=2, tol=census.TOL)
@@ -42,7 +42,7 @@ def records(tmp_path_factory) -> dict[str, dict]:
 
 
 def test_census_finds_the_mjcf_files_recursively(records):
-    assert sorted(records) == ["fragment.xml", "pendulum.xml", "static.xml", "sub/noslip.xml", "tendon.xml"]  # not include.xml
+    assert sorted(records) == ["fragment.xml", "pendulum.xml", "static.xml", "sub/sleep.xml", "tendon.xml"]  # not include.xml
     assert {r["collection"] for r in records.values()} == {"tiny"}
 
 
@@ -57,12 +57,12 @@ def test_census_matches_a_supported_model(records):
 
 
 def test_census_reports_refusals_by_feature(records):
-    noslip, tendon = records["sub/noslip.xml"], records["tendon.xml"]
-    assert noslip["status"] == tendon["status"] == "refused"
-    assert noslip["refusal"] == "option noslip_iterations > 0 (noslip solver) is not supported by diffmj"
-    assert noslip["feature"] == "option noslip_iterations > 0 (noslip solver)"
+    sleep, tendon = records["sub/sleep.xml"], records["tendon.xml"]
+    assert sleep["status"] == tendon["status"] == "refused"
+    assert sleep["refusal"] == "option flag 'sleep' is not supported by diffmj"
+    assert sleep["feature"] == "option flag 'sleep'"
     assert "'string'" in tendon["refusal"] and tendon["feature"] == "tendon: armature on a spatial tendon"
-    assert "errors" not in noslip
+    assert "errors" not in sleep
 
 
 def test_census_sets_static_models_aside(records):

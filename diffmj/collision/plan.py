@@ -44,6 +44,7 @@ class CollisionPlan(PyTreeNode):
     meshes: Meshes  # the meshes of the mesh geoms in candidate pairs
     geom_mesh: Tensor  # [ngeom] row of each geom's mesh in ``meshes`` (0 for other geoms)
     contact_dim: tuple[int, ...] = static_field()  # condim of each contact slot
+    contact_order: tuple[int, ...] = static_field()  # the slots in the order MuJoCo lists their contacts
     ncon: int = static_field()
 
 
@@ -156,6 +157,22 @@ def convex_pair(mjm: mujoco.MjModel, multi: bool = False) -> str | None:
                              if collider.general_convex and (collider.max_contacts > 1 or not multi)])
 
 
+def _mujoco_pair_order(mjm: mujoco.MjModel, pairs: list[tuple[int, int, int]]) -> list[tuple]:
+    """Sort key of each candidate pair: where mj_collision lists its contacts in d.contact.
+
+    Body pairs come in order of signature (lower body << 16 + higher body); within one, the
+    <pair> elements first (by pair id), then the other geom pairs by (geom of the lower body,
+    geom of the higher body), as its all-to-all loop and its sort after the midphase do.
+    """
+    keys = []
+    for g1, g2, p in pairs:
+        b1, b2 = int(mjm.geom_bodyid[g1]), int(mjm.geom_bodyid[g2])
+        signature = (min(b1, b2) << 16) + max(b1, b2)
+        low, high = (g1, g2) if b1 < b2 else (g2, g1)
+        keys.append((signature, 0, p, 0) if p >= 0 else (signature, 1, low, high))
+    return keys
+
+
 def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.device) -> CollisionPlan:
     pairs = candidate_pairs(mjm)
 
@@ -176,6 +193,8 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
         for i in members:
             contact_pair += [i] * collider.max_contacts
             contact_dim += [_condim(mjm, g1[i], g2[i], pid[i], priority1[i])] * collider.max_contacts
+    pair_order = _mujoco_pair_order(mjm, pairs)
+    contact_order = sorted(range(len(contact_pair)), key=lambda s: (pair_order[contact_pair[s]], s))
     meshes = _pair_meshes(mjm)
     geom_mesh = [meshes.index(int(k)) if t == GeomType.MESH and k in meshes else 0
                  for t, k in zip(mjm.geom_type, mjm.geom_dataid)]
@@ -193,5 +212,6 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
         meshes=build_meshes(mjm, meshes, dtype, device),
         geom_mesh=long(geom_mesh),
         contact_dim=tuple(contact_dim),
+        contact_order=tuple(contact_order),
         ncon=len(contact_pair),
     )
