@@ -240,6 +240,7 @@ def test_set_const_equals_mj_setconst():
     new = diffmj.set_const(m)
     for field in ("tendon_length0", "tendon_invweight0", "actuator_acc0"):
         expected = getattr(mjm, field).reshape(getattr(m, field).shape)
+        # the constants changed (the comparison means something), as in test_setconst
         assert not np.allclose(getattr(m, field).numpy(), expected, rtol=1e-3, atol=0), field
         assert_close(field, getattr(new, field), expected, TOL["setconst"])
 
