@@ -439,7 +439,7 @@ def run_problem(problem: Problem, methods: list[str], max_iters: int, max_chunks
 
 def markdown(result: dict) -> str:
     lines = ["| problem | steps (chunks) | parameters | method | max rel. error | iterations | residual evals "
-             "(rollouts) | Jacobians | wall s (without compiling) |",
+             "(rollouts) | Jacobians | wall s |",
              "|---|---|---|---|---:|---:|---:|---:|---:|"]
     for name, prob in result["problems"].items():
         for method, label in METHODS.items():
@@ -447,7 +447,7 @@ def markdown(result: dict) -> str:
             if r is None or "error" in r:
                 continue
             jac = "FD" if r["jacobian_evaluations"] is None else r["jacobian_evaluations"]
-            cached = f" ({r['wall_cached_s']:.1f} compiled)" if "wall_cached_s" in r else ""
+            cached = f" ({r['wall_cached_s']:.1f} once compiled)" if "wall_cached_s" in r else ""
             lines.append(f"| {name} | {prob['chunks'] * prob['chunk_steps']} ({prob['chunks']}) | {len(prob['true'])} "
                          f"| {label} | {r['max_relative_error']:.1e} | {r['iterations']} | "
                          f"{r['residual_evaluations']} ({r['rollouts']}) | {jac} | {r['wall_s']:.1f}{cached} |")

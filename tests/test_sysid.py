@@ -301,8 +301,8 @@ def test_sliding_friction_recovered_through_contacts():
 
 
 def _assert_joint_equals_separate(m, params, data, x):
-    """residual_and_jacobian (stepwise tangents) against residual and jacfwd of the whole rollout."""
-    r, J = sysid.residual_and_jacobian(m, params, data)(x)
+    """residual_and_jacobian_function (stepwise tangents) against residual and jacfwd of the whole rollout."""
+    r, J = sysid.residual_and_jacobian_function(m, params, data)(x)
     with torch.no_grad():
         expected_r = sysid.residual(m, params, data, x)
     expected_J = sysid.jacobian(m, params, data, x, mode="forward")

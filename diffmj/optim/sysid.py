@@ -289,8 +289,8 @@ def jacobian(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor, 
     return transform(lambda x: residual(m, params, data, x))(x)
 
 
-def residual_and_jacobian(m: Model, params: Sequence[Parameter], data: Recording,
-                          compile: CompileArg = False) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
+def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: Recording,
+                                   compile: CompileArg = False) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
     """x [n] -> (``residual`` [nr], its Jacobian [nr, n]) from one rollout that carries the state's n
     tangents (d state / dx, one per component of x) step by step: forward-mode sensitivities.
 
@@ -298,10 +298,11 @@ def residual_and_jacobian(m: Model, params: Sequence[Parameter], data: Recording
     way, outside the batch of sequences), so the results agree to roundoff. The point of stepping by
     hand is ``compile``: True, or a dict of ``torch.compile``'s keyword arguments, runs each step (the
     whole batch with its n tangents) as one compiled graph; the loop over time stays in Python, so
-    compile time does not grow with T, and every step of every later call reuses the graph (keep the
-    returned function: a new one compiles again). False: eager. On CPU, Inductor's OpenMP regions
-    around kernels this small cost more than they save when other processes share the cores: compile
-    and run under ``torch.set_num_threads(1)`` there (see benchmarks/README.md, System identification).
+    compile time does not grow with T, and every later step and call reuses the graph (so do
+    functions made later in the process for the same model and shapes: Dynamo's cache). False:
+    eager. On CPU, Inductor's OpenMP regions around kernels this small cost more than they save
+    when other processes share the cores: compile and run under ``torch.set_num_threads(1)`` there
+    (see benchmarks/README.md, System identification).
 
     Only the model's tensors that ``apply`` recomputes from x (found once, here) carry tangents.
     """
@@ -440,8 +441,8 @@ def fit(
     callback(iteration, cost, x) after each iteration. Warns when J'J is singular at the end.
     compile: False evaluates trial points by ``residual`` and Jacobians by ``jacobian`` (``mode``) at
     accepted points; True (or ``torch.compile``'s keyword arguments) evaluates both at every trial
-    point by ``residual_and_jacobian`` with compiled steps (forward mode; ``wall_time`` includes the
-    compile, paid once per fit unless Inductor's cache has the graph).
+    point by ``residual_and_jacobian_function`` with compiled steps (forward mode; ``wall_time``
+    includes the compile, paid by the process's first fit of a model and batch shape).
     See ``SysIdResult`` for the output and the confidence intervals' formula.
     """
     start = time.perf_counter()
@@ -460,7 +461,7 @@ def fit(
     else:
         if mode == "reverse":
             raise ValueError("compile= evaluates Jacobians in forward mode: use mode='auto' or 'forward'")
-        joint = residual_and_jacobian(m, params, data, compile)
+        joint = residual_and_jacobian_function(m, params, data, compile)
 
         def evaluate(x: Tensor) -> tuple[Tensor, float, Tensor | None]:
             r, J = joint(x)
