@@ -39,6 +39,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,17 +343,33 @@ def labels(problem: Problem, params: list[sysid.Parameter]) -> dict[str, str]:
 
 
 def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Parameter], data: sysid.Recording,
-                   max_iters: int) -> dict:
-    result = sysid.fit(m, params, data, max_iterations=max_iters)
+                   max_iters: int, compiled: bool = False) -> dict:
+    """``sysid.fit``, eager (a residual per trial point, a Jacobian per accepted one) or compiled (residual and
+    Jacobian together per trial point, each step one Inductor graph). Compiled, it fits twice: the first fit's
+    wall time includes compiling (into this run's fresh TORCHINDUCTOR_CACHE_DIR), the second's is what a fit
+    costs once the graphs exist (``wall_cached_s``); torch runs on one thread there, as Inductor's OpenMP
+    regions around kernels this small cost more than they save on loaded cores."""
+    threads = torch.get_num_threads()
+    if compiled:
+        torch.set_num_threads(1)
+    try:
+        result = sysid.fit(m, params, data, max_iterations=max_iters, compile=compiled)
+        cached = sysid.fit(m, params, data, max_iterations=max_iters, compile=compiled) if compiled else None
+    finally:
+        torch.set_num_threads(threads)
     names = labels(problem, params)
     found = {names[k]: v.item() for k, v in result.params.items()}
     accepted = int((result.cost_history.diff() < 0).sum())
-    return {
+    out = {
         "params": found, "max_relative_error": max_relative_error(problem, found), "iterations": result.iterations,
         "residual_evaluations": result.iterations + 1, "rollouts": (result.iterations + 1) * data.ctrl.shape[0],
-        "jacobian_evaluations": accepted + 1, "wall_s": result.wall_time, "cost": result.cost,
-        "status": result.status,
+        "jacobian_evaluations": result.iterations + 1 if compiled else accepted + 1, "wall_s": result.wall_time,
+        "cost": result.cost, "status": result.status,
     }
+    if compiled:
+        out.update(threads=1, wall_cached_s=cached.wall_time, compile_s=result.wall_time - cached.wall_time,
+                   same_result_cached=bool(torch.equal(result.x, cached.x)))
+    return out
 
 
 def run_minimize_exact(problem: Problem, m: diffmj.Model, params: list[sysid.Parameter], data: sysid.Recording,
@@ -376,11 +393,12 @@ METHODS = {
     "mujoco_sysid": "mujoco.sysid (FD Jacobian, mujoco.minimize)",
     "mujoco_sysid_no_resample": "mujoco.sysid, resample_true=False",
     "diffmj_fit": "diffmj sysid.fit (exact Jacobian, LM)",
+    "diffmj_fit_compiled": "diffmj sysid.fit(compile=True)",
     "minimize_exact": "mujoco.minimize + diffmj's exact Jacobian",
 }
 
 
-def run_problem(problem: Problem, max_iters: int, max_chunks: int | None) -> dict:
+def run_problem(problem: Problem, methods: list[str], max_iters: int, max_chunks: int | None) -> dict:
     rec = record(problem, max_chunks)
     batch, horizon = rec.ctrl.shape[:2]
     print(f"{problem.name}: {rec.steps} steps recorded, {batch} chunks of {horizon}", flush=True)
@@ -398,18 +416,24 @@ def run_problem(problem: Problem, max_iters: int, max_chunks: int | None) -> dic
     out["residual_difference_at_initial"] = float(np.abs(ours[np.repeat(theirs.kept(rec).reshape(-1), m.nsensordata)]
                                                          + reference).max())
     out["residual_norm_at_initial"] = float(np.linalg.norm(reference))
-    sysid_out = out["methods"]["mujoco_sysid"] = theirs.optimize(problem, max_iters)
-    unsampled = out["methods"]["mujoco_sysid_no_resample"] = MujocoSysid.build(problem, rec, resample=False).optimize(
-        problem, max_iters)
-    print(f"  mujoco.sysid, resample_true=False: {unsampled['wall_s']:.1f} s, error "
-          f"{unsampled['max_relative_error']:.1e}", flush=True)
     print(f"  residuals at the initial guess: |r| {out['residual_norm_at_initial']:.3e}, "
           f"largest difference diffmj vs mujoco.sysid {out['residual_difference_at_initial']:.1e}", flush=True)
-    print(f"  mujoco.sysid: {sysid_out['wall_s']:.1f} s, error {sysid_out['max_relative_error']:.1e}", flush=True)
-    for name, run in (("diffmj_fit", run_diffmj_fit), ("minimize_exact", run_minimize_exact)):
-        out["methods"][name] = run(problem, m, params, data, max_iters)
-        print(f"  {name}: {out['methods'][name]['wall_s']:.1f} s, "
-              f"error {out['methods'][name]['max_relative_error']:.1e}", flush=True)
+    runs = {
+        "mujoco_sysid": lambda: theirs.optimize(problem, max_iters),
+        "mujoco_sysid_no_resample": lambda: MujocoSysid.build(problem, rec, resample=False).optimize(problem, max_iters),
+        "diffmj_fit": lambda: run_diffmj_fit(problem, m, params, data, max_iters),
+        "diffmj_fit_compiled": lambda: run_diffmj_fit(problem, m, params, data, max_iters, compiled=True),
+        "minimize_exact": lambda: run_minimize_exact(problem, m, params, data, max_iters),
+    }
+    for name in methods:
+        try:
+            r = out["methods"][name] = runs[name]()
+        except Exception as error:  # recorded, and the other methods still run
+            out["methods"][name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+            print(f"  {name} failed: {out['methods'][name]['error'][:300]}", flush=True)
+            continue
+        cached = f" ({r['wall_cached_s']:.1f} s with the graphs compiled)" if "wall_cached_s" in r else ""
+        print(f"  {name}: {r['wall_s']:.1f} s{cached}, error {r['max_relative_error']:.1e}", flush=True)
     return out
 
 
@@ -420,12 +444,13 @@ def markdown(result: dict) -> str:
     for name, prob in result["problems"].items():
         for method, label in METHODS.items():
             r = prob["methods"].get(method)
-            if r is None:
+            if r is None or "error" in r:
                 continue
             jac = "FD" if r["jacobian_evaluations"] is None else r["jacobian_evaluations"]
+            cached = f" ({r['wall_cached_s']:.1f} once compiled)" if "wall_cached_s" in r else ""
             lines.append(f"| {name} | {prob['chunks'] * prob['chunk_steps']} ({prob['chunks']}) | {len(prob['true'])} "
                          f"| {label} | {r['max_relative_error']:.1e} | {r['iterations']} | "
-                         f"{r['residual_evaluations']} ({r['rollouts']}) | {jac} | {r['wall_s']:.1f} |")
+                         f"{r['residual_evaluations']} ({r['rollouts']}) | {jac} | {r['wall_s']:.1f}{cached} |")
     return "\n".join(lines)
 
 
@@ -435,6 +460,9 @@ def main() -> None:
     parser.add_argument("--problems", nargs="+", default=list(all_problems), choices=list(all_problems))
     parser.add_argument("--max-iters", type=int, default=100, help="iterations allowed to every method")
     parser.add_argument("--max-chunks", type=int, help="fit only the first chunks of each recording (a quick look)")
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS),
+                        default=["mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit_compiled"],
+                        help="diffmj_fit (eager) and minimize_exact take minutes to hours per problem")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "sysid.json")
     parser.add_argument("--table", type=Path, help="print the table of an existing result and exit")
     args = parser.parse_args()
@@ -442,10 +470,13 @@ def main() -> None:
         print(markdown(json.loads(args.table.read_text())))
         return
     torch.set_num_threads(THREADS)
-    result = {"machine": machine_info(), "settings": {"problems": args.problems, "max_iters": args.max_iters,
+    # compile times are cold: Inductor's cache starts empty in every run
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sysid_inductor_")
+    result = {"machine": machine_info(), "settings": {"problems": args.problems, "methods": args.methods,
+                                                      "max_iters": args.max_iters,
                                                       "max_chunks": args.max_chunks, "threads": THREADS}, "problems": {}}
     for name in args.problems:
-        result["problems"][name] = run_problem(all_problems[name], args.max_iters, args.max_chunks)
+        result["problems"][name] = run_problem(all_problems[name], args.methods, args.max_iters, args.max_chunks)
         result["machine"]["load_average_end"] = os.getloadavg()
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1, default=float))

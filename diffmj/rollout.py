@@ -138,7 +138,7 @@ def _rollout(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], ba
     batch dimensions, as d's (0: params shared by the batch)."""
     mode = resolve_backward_mode(m, backward_mode)
     observe = _observer(observe)
-    options = _compile_options(compile)
+    options = compile_options(compile)
     if options is not None and transform_active([*pytree.tree_leaves(d), *params]):
         raise ValueError("compile= cannot run inside torch.func transforms or torch.compile "
                          "(pytorch/pytorch#128711): use compile=False there, or torch.autograd for gradients")
@@ -211,7 +211,7 @@ def _advance(m: Model, d: Data, control: Control, mode: BackwardMode, observe: O
     return advance
 
 
-def _compile_options(compile: CompileArg) -> dict[str, Any] | None:
+def compile_options(compile: CompileArg) -> dict[str, Any] | None:
     """rollout's ``compile`` as torch.compile's keyword arguments; None for eager."""
     if compile is False:
         return None

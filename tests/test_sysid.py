@@ -298,3 +298,44 @@ def test_sliding_friction_recovered_through_contacts():
     truth = sysid.residual(m, SLIDING_FRICTION, data, torch.tensor([0.5], dtype=m.dtype))
     assert truth.abs().max() < 1e-12
     assert result.cost < 1e-18 and result.status == "step"
+
+
+def _assert_joint_equals_separate(m, params, data, x):
+    """residual_and_jacobian_function (stepwise tangents) against residual and jacfwd of the whole rollout."""
+    r, J = sysid.residual_and_jacobian_function(m, params, data)(x)
+    with torch.no_grad():
+        expected_r = sysid.residual(m, params, data, x)
+    expected_J = sysid.jacobian(m, params, data, x, mode="forward")
+    assert J.shape == expected_J.shape and (expected_J.abs().max(0).values > 1e-3).all()  # every column is seen
+    np.testing.assert_allclose(r.numpy(), expected_r.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(J.numpy(), expected_J.numpy(), rtol=0, atol=1e-10 * (1 + expected_J.abs().max().item()))
+
+
+def test_stepwise_jacobian_equals_jacfwd_of_the_rollout():
+    """Two sequences, a log parameter, an indexed one and one set_const derives constants from (the mass);
+    qpos on the manifold and contacts on the sliding box."""
+    m = _spring(mass=1.0, damping=0.1, gear=1.0)
+    data = _spring_recording(_spring(), horizon=8)
+    _assert_joint_equals_separate(m, SPRING_PARAMS, data, sysid.initial_vector(m, SPRING_PARAMS))
+    box = diffmj.put_model(mujoco.MjModel.from_xml_string(SLIDING_BOX.format(friction=0.3)))
+    box_params = SLIDING_FRICTION + [sysid.Parameter("body_mass", "box", initial=0.8)]
+    _assert_joint_equals_separate(box, box_params, _sliding_box_recording(0.5, horizon=4),
+                                  sysid.initial_vector(box, box_params))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_fit(backend):
+    """Each step one compiled graph (aot_eager: inductor's input, run by ATen); the fit lands where the eager
+    one does and its last Jacobian is the eager one's. One compile (minutes on loaded cores for inductor)."""
+    m = _spring(mass=1.0, damping=0.1, gear=1.0)
+    data = _spring_recording(_spring(), horizon=8)
+    result = sysid.fit(m, SPRING_PARAMS, data, compile={"backend": backend})
+    assert result.converged, result.status
+    got = [result.params[p.label].item() for p in SPRING_PARAMS]
+    np.testing.assert_allclose(got, [TRUE["mass"], TRUE["damping"], TRUE["gear"]], rtol=0, atol=RECOVERED)
+    expected = sysid.jacobian(m, SPRING_PARAMS, data, result.x, mode="forward")
+    assert (expected.abs().max(0).values > 1e-3).all()
+    np.testing.assert_allclose(result.jacobian.numpy(), expected.numpy(), rtol=0,
+                               atol=1e-10 * (1 + expected.abs().max().item()))
+    with pytest.raises(ValueError, match="forward mode"):
+        sysid.fit(m, SPRING_PARAMS, data, compile=True, mode="reverse")

@@ -32,9 +32,12 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import scipy.stats
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj import Data, Model, differentiate_pos, get_param, rollout, set_param
+from diffmj import Data, Model, differentiate_pos, get_param, rollout, set_param, step
+from diffmj.rollout import CompileArg, compile_options
+from diffmj.types import STATE_FIELDS
 
 SIGNALS = ("sensordata", "qpos", "qvel")
 
@@ -251,16 +254,20 @@ def residual(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor) 
     """
     _check_recording(m, data)
     traj = rollout(apply(m, params, x), data.d0, data.ctrl, checkpoint=None)
+    return _weighted_difference(m, data, {s: getattr(traj, s) for s in _measured(data)})
+
+
+def _measured(data: Recording) -> tuple[str, ...]:
+    return tuple(s for s in SIGNALS if getattr(data, s) is not None)
+
+
+def _weighted_difference(m: Model, data: Recording, predicted: dict[str, Tensor]) -> Tensor:
+    """The residual [nr] from the predicted signals (name -> [..., T, n]), as ``residual`` documents."""
     weights = data.weights or {}
     parts = []
-    for s in SIGNALS:
+    for s, prediction in predicted.items():
         measured = getattr(data, s)
-        if measured is None:
-            continue
-        if s == "qpos":
-            r = differentiate_pos(m, measured, traj.qpos)
-        else:
-            r = getattr(traj, s) - measured
+        r = differentiate_pos(m, measured, prediction) if s == "qpos" else prediction - measured
         r = r * torch.as_tensor(weights.get(s, 1.0), dtype=m.dtype, device=m.device)
         parts.append(r.reshape(-1))
     return torch.cat(parts)
@@ -282,13 +289,105 @@ def jacobian(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor, 
     return transform(lambda x: residual(m, params, data, x))(x)
 
 
+def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: Recording,
+                                   compile: CompileArg = False) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
+    """x [n] -> (``residual`` [nr], its Jacobian [nr, n]) from one rollout that carries the state's n
+    tangents (d state / dx, one per component of x) step by step: forward-mode sensitivities.
+
+    The same operations as ``residual`` and ``jacobian(mode="forward")`` (tangents batched the same
+    way, outside the batch of sequences), so the results agree to roundoff. The point of stepping by
+    hand is ``compile``: True, or a dict of ``torch.compile``'s keyword arguments, runs each step (the
+    whole batch with its n tangents) as one compiled graph; the loop over time stays in Python, so
+    compile time does not grow with T, and every later step and call reuses the graph (so do
+    functions made later in the process for the same model and shapes: Dynamo's cache). False:
+    eager. On CPU, Inductor's OpenMP regions around kernels this small cost more than they save
+    when other processes share the cores: compile and run under ``torch.set_num_threads(1)`` there
+    (see benchmarks/README.md, System identification).
+
+    Only the model's tensors that ``apply`` recomputes from x (found once, here) carry tangents.
+    """
+    _check_recording(m, data)
+    options = compile_options(compile)
+    x0 = initial_vector(m, params)
+    leaves, spec = pytree.tree_flatten(m)
+    varying = [i for i, (before, after) in enumerate(zip(leaves, pytree.tree_leaves(apply(m, params, x0))))
+               if before is not after]
+    measured = _measured(data)
+    batch = _batch_shape(data)
+    size = batch.numel()  # one flat batch dimension, as rollout steps it
+    d0 = data.d0.expand(batch).reshape(size)
+    ctrl = data.ctrl.expand(*batch, *data.ctrl.shape[-2:]).reshape(size, *data.ctrl.shape[-2:])
+    # copies: a compiled step guards on which inputs alias each other, and later steps' states alias nothing
+    state0 = {name: getattr(d0, name).clone() for name in STATE_FIELDS if getattr(d0, name).is_floating_point()}
+
+    def advance(model_leaves: list[Tensor], model_tangents: list[Tensor], state: dict[str, Tensor],
+                state_tangents: dict[str, Tensor], ctrl_t: Tensor):
+        """One step of the batch [size] and its tangents [n, size, ...]: (state, state tangents, measured
+        signals [size, k], their tangents [n, size, k])."""
+
+        def transition(changed: list[Tensor], state: dict[str, Tensor]):
+            model = list(model_leaves)
+            for i, leaf in zip(varying, changed):
+                model[i] = leaf
+            out = step(pytree.tree_unflatten(model, spec), d0.replace(**state, ctrl=ctrl_t))
+            return {name: getattr(out, name) for name in state}, {s: getattr(out, s) for s in measured}
+
+        def along(model_tangent: list[Tensor], state_tangent: dict[str, Tensor]):
+            return torch.func.jvp(transition, ([model_leaves[i] for i in varying], state),
+                                  (model_tangent, state_tangent))
+
+        # the primal does not depend on the tangent: vmap returns n equal copies, keep the first
+        (state, signals), (state_tangents, signal_tangents) = torch.vmap(along)(model_tangents, state_tangents)
+        first = lambda tree: pytree.tree_map(lambda v: v[0], tree)  # noqa: E731
+        return first(state), state_tangents, first(signals), signal_tangents
+
+    if options is not None:
+        advance = torch.compile(advance, **options)
+
+    def evaluate(x: Tensor) -> tuple[Tensor, Tensor]:
+        n = x.shape[0]
+        def changed(x: Tensor) -> list[Tensor]:
+            return [pytree.tree_leaves(apply(m, params, x))[i] for i in varying]
+
+        # the changed leaves (n equal copies) and their tangents [n, ...], one per component of x
+        unit = torch.eye(n, dtype=x.dtype, device=x.device)
+        values, model_tangents = torch.vmap(lambda e: torch.func.jvp(changed, (x,), (e,)))(unit)
+        # copies, each its own storage: vmap's outputs are views (the copies one expanded tensor)
+        model_leaves = list(leaves)
+        for i, value in zip(varying, values):
+            model_leaves[i] = value[0].clone()
+        model_tangents = [t.clone() for t in model_tangents]
+        state = state0
+        state_tangents = {name: value.new_zeros(n, *value.shape) for name, value in state.items()}
+        signals, tangents = [], []
+        with torch.no_grad():
+            for t in range(ctrl.shape[-2]):
+                state, state_tangents, s, ts = advance(model_leaves, model_tangents, state, state_tangents,
+                                                       ctrl[:, t].contiguous())
+                signals.append(s)
+                tangents.append(ts)
+        # [size] -> [*batch, T, k] and [n, size] -> [n, *batch, T, k], as rollout returns them
+        predicted = {s: torch.stack([v[s] for v in signals], 1).reshape(*batch, len(signals), -1) for s in measured}
+        predicted_tangents = {s: torch.stack([v[s] for v in tangents], 2).reshape(n, *batch, len(tangents), -1)
+                              for s in measured}
+        r = _weighted_difference(m, data, predicted)
+        J = torch.vmap(lambda tangent: torch.func.jvp(lambda p: _weighted_difference(m, data, p), (predicted,),
+                                                      (tangent,))[1])(predicted_tangents)
+        return r, J.mT
+
+    return evaluate
+
+
+def _batch_shape(data: Recording) -> torch.Size:
+    """The broadcast batch shape of d0, ctrl and the measurements."""
+    return torch.broadcast_shapes(tuple(data.d0.batch_size), tuple(data.ctrl.shape[:-2]),
+                                  *(tuple(getattr(data, s).shape[:-2]) for s in _measured(data)))
+
+
 def _residual_size(m: Model, data: Recording) -> int:
     _check_recording(m, data)
-    batch = torch.broadcast_shapes(tuple(data.d0.batch_size), tuple(data.ctrl.shape[:-2]),
-                                   *(tuple(getattr(data, s).shape[:-2]) for s in SIGNALS if getattr(data, s) is not None))
     per_step = {"sensordata": m.nsensordata, "qpos": m.nv, "qvel": m.nv}
-    horizon = data.ctrl.shape[-2]
-    return sum(batch.numel() * horizon * per_step[s] for s in SIGNALS if getattr(data, s) is not None)
+    return sum(_batch_shape(data).numel() * data.ctrl.shape[-2] * per_step[s] for s in _measured(data))
 
 
 def _intervals(params, layout, x: Tensor, r: Tensor, J: Tensor, alpha: float, rank_tol: float):
@@ -326,6 +425,7 @@ def fit(
     xtol: float = 1e-10,
     gtol: float = 1e-12,
     mode: str = "auto",
+    compile: CompileArg = False,
     alpha: float = 0.05,
     rank_tol: float = 1e-12,
     callback: Callable[[int, float, Tensor], None] | None = None,
@@ -339,6 +439,10 @@ def fit(
     rejection). Stops when the gradient's largest projected component is <= gtol, a step is <=
     xtol (|x| + xtol), an accepted step lowers the cost by <= ftol times it, or mu exceeds 1e16.
     callback(iteration, cost, x) after each iteration. Warns when J'J is singular at the end.
+    compile: False evaluates trial points by ``residual`` and Jacobians by ``jacobian`` (``mode``) at
+    accepted points; True (or ``torch.compile``'s keyword arguments) evaluates both at every trial
+    point by ``residual_and_jacobian_function`` with compiled steps (forward mode; ``wall_time``
+    includes the compile, paid by the process's first fit of a model and batch shape).
     See ``SysIdResult`` for the output and the confidence intervals' formula.
     """
     start = time.perf_counter()
@@ -346,13 +450,28 @@ def fit(
     x = initial_vector(m, params)
     lower, upper = bounds(m, params)
 
-    def evaluate(x: Tensor) -> tuple[Tensor, float]:
-        with torch.no_grad():
-            r = residual(m, params, data, x)
-        return r, 0.5 * float(r @ r)
+    if compile is False:
+        def evaluate(x: Tensor) -> tuple[Tensor, float, Tensor | None]:
+            with torch.no_grad():
+                r = residual(m, params, data, x)
+            return r, 0.5 * float(r @ r), None
 
-    r, cost = evaluate(x)
-    J = jacobian(m, params, data, x, mode)
+        def jacobian_at(x: Tensor, J: Tensor | None) -> Tensor:
+            return jacobian(m, params, data, x, mode)
+    else:
+        if mode == "reverse":
+            raise ValueError("compile= evaluates Jacobians in forward mode: use mode='auto' or 'forward'")
+        joint = residual_and_jacobian_function(m, params, data, compile)
+
+        def evaluate(x: Tensor) -> tuple[Tensor, float, Tensor | None]:
+            r, J = joint(x)
+            return r, 0.5 * float(r @ r), J
+
+        def jacobian_at(x: Tensor, J: Tensor | None) -> Tensor:
+            return J
+
+    r, cost, J = evaluate(x)
+    J = jacobian_at(x, J)
     history = [cost]
     mu, grow, status = 1e-3, 2.0, "max_iterations"
     iteration = 0
@@ -366,19 +485,19 @@ def fit(
         H = J.mT @ J
         scale = H.diagonal().clamp_min(torch.finfo(H.dtype).eps * H.diagonal().max())
         dx = torch.linalg.solve(H + mu * torch.diag(scale), -g)
-        step = (x + dx).clamp(lower, upper) - x
-        if step.norm() <= xtol * (x.norm() + xtol):
+        move = (x + dx).clamp(lower, upper) - x
+        if move.norm() <= xtol * (x.norm() + xtol):
             status, iteration = "step", iteration - 1
             break
-        r_new, cost_new = evaluate(x + step)
-        predicted = -float(g @ step + 0.5 * step @ H @ step)
+        r_new, cost_new, J_new = evaluate(x + move)
+        predicted = -float(g @ move + 0.5 * move @ H @ move)
         if cost_new < cost:
             rho = (cost - cost_new) / predicted if predicted > 0 else 1.0
             mu *= max(1 / 3, 1 - (2 * rho - 1) ** 3)
             grow = 2.0
             decrease = cost - cost_new
-            x, r, cost = x + step, r_new, cost_new
-            J = jacobian(m, params, data, x, mode)
+            x, r, cost = x + move, r_new, cost_new
+            J = jacobian_at(x, J_new)
             history.append(cost)
             if callback is not None:
                 callback(iteration, cost, x)
