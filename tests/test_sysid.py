@@ -323,7 +323,8 @@ def test_stepwise_jacobian_equals_jacfwd_of_the_rollout():
                                   sysid.initial_vector(box, box_params))
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.slow  # minutes of compile; test_stepwise_jacobian_equals_jacfwd_of_the_rollout covers the same maths eager
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_fit(backend):
     """Each step one compiled graph (aot_eager: inductor's input, run by ATen); the fit lands where the eager
     one does and its last Jacobian is the eager one's. One compile (minutes on loaded cores for inductor)."""
