@@ -18,7 +18,7 @@ plain code would.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
@@ -27,7 +27,8 @@ from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
 from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
-from diffmj.types import Data
+if TYPE_CHECKING:  # an annotation only: the collision modules, which diffmj.types imports, use bounded_loop
+    from diffmj.types import Data
 
 
 def canonical_layout(out: Data, d: Data) -> Data:

@@ -56,6 +56,7 @@ from torch import Tensor
 from diffmj.collision.common import Candidates, GeomPose, compact, make_candidates
 from diffmj.enums import GeomType
 from diffmj.math import MINVAL, cross, dot, mat_t_vec, normalize
+from diffmj.workarounds import bounded_loop
 
 # ---------------------------------------------------------------- support functions
 
@@ -785,13 +786,9 @@ def largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
     arithmetic would.
     """
     n = npoly.clamp(min=1)
-    a = torch.zeros_like(npoly)
-    b, c, d = a + 1, a + 2, a + 3
-    best = _quad_area(poly, a, b, c, d)
-    result = torch.stack((a, b, c, d), -1)
-    phase = torch.where(npoly >= 5, 0, 3)  # 3: done
-    tied = torch.zeros_like(npoly, dtype=torch.bool)
-    for _ in range(4 * poly.shape[-2] + 4):
+
+    def step(carry):  # one area tried; done (phase 3) elements are left as they are
+        _, phase, a, b, c, d, best, result, tied = carry
         bn, cn, dn = (b + 1) % n, (c + 1) % n, (d + 1) % n
         area = _quad_area(poly, a, torch.where(phase == 2, bn, b), torch.where(phase == 1, cn, c),
                           torch.where(phase == 0, dn, d))
@@ -814,6 +811,16 @@ def largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
         phase = torch.where(phase == 3, 3, torch.where(
             phase == 0, torch.where(grow, 1, torch.where(a >= n, 3, 0)),
             torch.where(grow, phase, (phase + 1) % 3)))
+        return phase == 3, phase, a, b, c, d, best, result, tied
+
+    a = torch.zeros_like(npoly)
+    b, c, d = a + 1, a + 2, a + 3
+    phase = torch.where(npoly >= 5, 0, 3)  # 3: done
+    carry = (phase == 3, phase, a, b, c, d, _quad_area(poly, a, b, c, d), torch.stack((a, b, c, d), -1),
+             torch.zeros_like(npoly, dtype=torch.bool))
+    # eager: stops once all are done; compiled: unrolled (inductor 2.13 fails on this body in a while_loop:
+    # "_torchinductor_pyobject_tensor_data_ptr: non-tensor input")
+    *_, result, tied = bounded_loop(step, carry, 4 * poly.shape[-2] + 4, unroll=torch.compiler.is_compiling())
     return result, tied
 
 
