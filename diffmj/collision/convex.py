@@ -205,7 +205,7 @@ _STALLED = 1e-9  # trust radius below which Newton has stalled
 _NEAR = 1e-6  # |u.d| or |P u| below which a stalled u is moved onto the kink
 
 
-def _fibonacci(k: int) -> list[list[float]]:
+def fibonacci_directions(k: int) -> list[list[float]]:
     """k nearly uniform unit vectors (a spherical Fibonacci lattice)."""
     golden = math.pi * (3 - math.sqrt(5))
     out = []
@@ -216,7 +216,7 @@ def _fibonacci(k: int) -> list[list[float]]:
     return out
 
 
-_LATTICE = _fibonacci(40)
+_LATTICE = fibonacci_directions(40)
 _CIRCLE = 24  # samples on each segment kink's great circle
 
 
@@ -767,7 +767,8 @@ def _clip(face: Tensor, nface: Tensor, poly: Tensor, npoly: Tensor, normal: Tens
 def _quad_area(poly: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
     """Area of the quadrilateral of vertices a, b, c, d [n] of poly [n, P, 3]: |ac x bd| / 2."""
     at = lambda i: torch.take_along_dim(poly, i[..., None, None], -2)[..., 0, :]  # noqa: E731
-    return 0.5 * torch.sqrt(dot(*(cross(at(a) - at(c), at(b) - at(d)),) * 2))
+    # torch.linalg.cross: math.cross's constant tensors would break inductor's while_loop in largest_quad
+    return 0.5 * torch.sqrt(dot(*(torch.linalg.cross(at(a) - at(c), at(b) - at(d)),) * 2))
 
 
 _TIE = 1e-9  # relative area difference within which two quadrilaterals count as equal
@@ -818,9 +819,7 @@ def largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
     phase = torch.where(npoly >= 5, 0, 3)  # 3: done
     carry = (phase == 3, phase, a, b, c, d, _quad_area(poly, a, b, c, d), torch.stack((a, b, c, d), -1),
              torch.zeros_like(npoly, dtype=torch.bool))
-    # eager: stops once all are done; compiled: unrolled (inductor 2.13 fails on this body in a while_loop:
-    # "_torchinductor_pyobject_tensor_data_ptr: non-tensor input")
-    *_, result, tied = bounded_loop(step, carry, 4 * poly.shape[-2] + 4, unroll=torch.compiler.is_compiling())
+    *_, result, tied = bounded_loop(step, carry, 4 * poly.shape[-2] + 4)  # eager: stops once all are done
     return result, tied
 
 

@@ -14,7 +14,12 @@ instead of to ``ccd_tolerance``:
   arcs on the Gauss map cross (their cross product is then a face normal of
   the Minkowski difference and the edges are the supporting features, so the
   overlap needs no support search); the few best are rechecked with full
-  supports, so a pair admitted by rounding never decides the depth.
+  supports, so a pair admitted by rounding never decides the depth. No
+  E1 x E2 table is formed: each arc of one geom is walked across the other's
+  Gauss map (``_arc_walk``), and the other's lowest vertex along each
+  triangle normal is found by hill climbing over its edges (``_lowest``), so
+  the cost grows with the edge count times the walks' and climbs' lengths
+  (a few steps on fine meshes).
 * **Separation** (within the margin) by GJK: the closest point of the
   Minkowski difference to the origin, each simplex solved by trying all of
   its sub-simplices (exact for polytopes, to rounding).
@@ -47,7 +52,7 @@ import torch
 from torch import Tensor
 
 from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_candidates
-from diffmj.collision.convex import BOX_FACES, clip_contacts, multicontact_choice
+from diffmj.collision.convex import BOX_FACES, clip_contacts, fibonacci_directions, multicontact_choice
 from diffmj.collision.mesh import facet_edges, incident_edges
 from diffmj.math import cross, dot, mat_vec
 from diffmj.workarounds import bounded_loop
@@ -115,9 +120,10 @@ def _to_world(pose: GeomPose, local: Tensor) -> Tensor:
 
 
 def _at(x: Tensor, index: Tensor) -> Tensor:
-    """Rows of x [n, m, ...] at index [n, ...] (negative ids read row 0): [n, ..., *x.shape[2:]]."""
-    flat = index.clamp(min=0).reshape(index.shape[0], -1)
-    rows = torch.take_along_dim(x, flat.reshape(*flat.shape, *(1,) * (x.dim() - 2)), 1)
+    """Rows of x [n, m, ...] at index [n, ...] (ids out of range read row 0 or m - 1, for values that
+    are not used): [n, ..., *x.shape[2:]]."""
+    flat = index.clamp(0, x.shape[1] - 1).reshape(index.shape[0], -1)
+    rows = torch.gather(x, 1, flat.reshape(*flat.shape, *(1,) * (x.dim() - 2)).expand(*flat.shape, *x.shape[2:]))
     return rows.reshape(*index.shape, *x.shape[2:])
 
 
@@ -146,41 +152,73 @@ class _Axis(NamedTuple):
     index2: Tensor  # [n] the triangle or edge of geom 2 (kind 1, 2)
 
 
-def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, start: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _neighbours(q: Polytope) -> Tensor:
+    """The vertices next to each vertex of q along its edges [n, V, D] (-1: none)."""
+    ends = _at(q.edge, q.vert_incident)  # [n, V, D, 2]
+    vertices = torch.arange(q.vert.shape[-2], device=ends.device)[:, None]
+    return torch.where(q.vert_incident < 0, -1, torch.where(ends[..., 0] == vertices, ends[..., 1], ends[..., 0]))
+
+
+_ANCHORS = 64  # directions whose lowest vertices start the hill climbs
+
+
+def _lowest(q: Polytope, neighbour: Tensor, direction: Tensor) -> Tensor:
+    """q's lowest vertex (least direction . v) along each direction [n, T, 3]: ids [n, T].
+
+    A hill climb over q's edges (``neighbour``: ``_neighbours(q)``) from the lowest, along that
+    direction, of q's lowest vertices along a fixed lattice of directions. Each move lowers
+    direction . v; on a convex hull a vertex with no lower neighbour is the lowest (to rounding).
+    """
+    lattice = direction.new_tensor(fibonacci_directions(_ANCHORS))
+    anchor = (lattice @ q.vert.transpose(-1, -2)).argmin(-1)  # [n, K]
+    start = _at(anchor, (direction @ _at(q.vert, anchor).transpose(-1, -2)).argmin(-1))
+
+    def step(carry):
+        done, r = carry
+        w = _at(neighbour, r)  # [n, T, D]
+        drop = torch.where(w >= 0, dot(direction[..., None, :], _at(q.vert, w) - _at(q.vert, r)[..., None, :]),
+                           torch.inf)
+        lowest, move = drop.min(-1)
+        done = done | ~(lowest < 0)
+        return done, torch.where(done, r, torch.take_along_dim(w, move[..., None], -1)[..., 0])
+
+    return bounded_loop(step, (torch.zeros_like(start, dtype=torch.bool), start), q.vert.shape[-2])[1]
+
+
+def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: Tensor, start: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The edge pairs of p and q whose Gauss-map arcs cross, found by walking each arc of p over q's map.
 
     On the Gauss map of the difference q - p, an edge of p is the arc from the normal of its first
     triangle (na) to that of its second (nb), and a vertex r of q the region of directions u along
     which r is q's lowest vertex (least u . r); the edges of q are the borders of these regions. The
     walk starts in the region holding na (``start`` [n, T]: q's lowest vertex along each triangle
-    normal of p) and crosses into the neighbour whose border the arc meets first: along u(t) ~
+    normal of p; ``neighbour``: ``_neighbours(q)``) and crosses into the neighbour whose border the arc meets first: along u(t) ~
     (1 - t) na + t nb, neighbour w beats r past t = a / (a - b), a = na . (w - r), b = nb . (w - r) < 0.
     Each move lowers nb . r, so the walk ends, in q's lowest vertex along nb, within q's vertex count.
 
     Returns for each edge of p the most separating crossing pair: its separation [n, E] (-inf: none),
     axis [n, E, 3] (unit, from p to q) and q's edge [n, E].
     """
-    edge_normal = _at(p_normal, p.edge_facet)  # [n, E, 2, 3]
-    na, nb = edge_normal[..., 0, :], edge_normal[..., 1, :]
-    ends = _at(p.vert, p.edge)
-    x, direction = ends[..., 0, :], ends[..., 1, :] - ends[..., 0, :]
+    # (separate tensors, not views of one: torch.compile's while_loop refuses aliased inputs)
+    na, nb = _at(p_normal, p.edge_facet[..., 0]), _at(p_normal, p.edge_facet[..., 1])  # [n, E, 3]
+    x = _at(p.vert, p.edge[..., 0])
+    direction = _at(p.vert, p.edge[..., 1]) - x
+
 
     def step(carry):
         done, r, best, best_axis, best_edge = carry
-        incident = _at(q.vert_incident, r)  # [n, E, D] q's edges at r
-        edge_ends = _at(q.edge, incident)  # [n, E, D, 2]
-        w = torch.where(edge_ends[..., 0] == r[..., None], edge_ends[..., 1], edge_ends[..., 0])
+        w = _at(neighbour, r)  # [n, E, D] q's vertices next to r
         delta = _at(q.vert, w) - _at(q.vert, r)[..., None, :]  # [n, E, D, 3]
         a = dot(na[..., None, :], delta).clamp(min=0)
         b = dot(nb[..., None, :], delta)
-        exits = (incident >= 0) & (b < 0)
+        exits = (w >= 0) & (b < 0)
         t = torch.where(exits, a / torch.where(exits, a - b, 1.0), torch.inf)
         move = t.argmin(-1, keepdim=True)
         done = done | ~exits.any(-1)
         t = torch.take_along_dim(t, move, -1)[..., 0]
         d2 = torch.take_along_dim(delta, move[..., None], -2)[..., 0, :]
         # the crossing pair's axis: the two edges' cross product, oriented along the arc
-        axis = cross(direction, d2)
+        axis = torch.linalg.cross(direction, d2)  # math.cross's constant tensors break inductor's while_loop
         length2 = dot(axis, axis)
         along = (1 - t.clamp(max=1))[..., None] * na + t.clamp(max=1)[..., None] * nb
         usable = ~done & (length2 > 1e-20 * dot(direction, direction) * dot(d2, d2))
@@ -189,7 +227,7 @@ def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, start: Tensor) -> tupl
         better = separation > best
         best = torch.where(better, separation, best)
         best_axis = torch.where(better[..., None], axis, best_axis)
-        best_edge = torch.where(better, torch.take_along_dim(incident, move, -1)[..., 0], best_edge)
+        best_edge = torch.where(better, torch.take_along_dim(_at(q.vert_incident, r), move, -1)[..., 0], best_edge)
         r = torch.where(done, r, torch.take_along_dim(w, move, -1)[..., 0])
         return done, r, best, best_axis, best_edge
 
@@ -205,18 +243,18 @@ def _separating_axis(p1: Polytope, p2: Polytope) -> _Axis:
     n1, off1, ok1 = _facet_planes(p1)
     n2, off2, ok2 = _facet_planes(p2)
     # a triangle normal m of one geom: separation min over the other's vertices of (v . m) - offset
-    low2, lowest2 = (n1 @ p2.vert.transpose(-1, -2)).min(-1)
-    low1, lowest1 = (n2 @ p1.vert.transpose(-1, -2)).min(-1)
-    sep1 = torch.where(ok1, low2 - off1, -torch.inf)
-    sep2 = torch.where(ok2, low1 - off2, -torch.inf)
+    around1, around2 = _neighbours(p1), _neighbours(p2)
+    lowest2, lowest1 = _lowest(p2, around2, n1), _lowest(p1, around1, n2)
+    sep1 = torch.where(ok1, dot(n1, _at(p2.vert, lowest2)) - off1, -torch.inf)
+    sep2 = torch.where(ok2, dot(n2, _at(p1.vert, lowest1)) - off2, -torch.inf)
 
     # edge pairs whose Gauss-map arcs cross: the arcs of the geom with more edges walked over the other
     # (shorter arcs, shorter walks); the best few rechecked with full supports
     if p2.edge.shape[-2] > p1.edge.shape[-2]:
-        cheap, axis, other = _arc_walk(p2, n2, p1, lowest1)
+        cheap, axis, other = _arc_walk(p2, n2, p1, around1, lowest1)
         axis = -axis
     else:
-        cheap, axis, other = _arc_walk(p1, n1, p2, lowest2)
+        cheap, axis, other = _arc_walk(p1, n1, p2, around2, lowest2)
     k = min(_RECHECK, cheap.shape[-1])
     cheap, pick = cheap.topk(k, -1)
     axis, other = _at(axis, pick), _at(other, pick)
@@ -282,8 +320,7 @@ def _gjk(p1: Polytope, p2: Polytope, start: Tensor, skip: Tensor | None = None) 
     ids in geom 1 and geom 2 [n, 4] and the weights of the closest point [n, 4] (0: unused).
 
     Pairs where ``skip`` [n] holds keep the first support point (their answer is not used). The
-    iterations run in ``bounded_loop``: eager, they stop once every pair has converged; compiled,
-    the body is traced once.
+    iterations run in ``bounded_loop``: eager, they stop once every pair has converged.
     """
     def support(direction):  # the vertices of geom 2 farthest along direction, of geom 1 against it
         return ((p1.vert * -direction[..., None, :]).sum(-1).argmax(-1),
@@ -310,7 +347,9 @@ def _gjk(p1: Polytope, p2: Polytope, start: Tensor, skip: Tensor | None = None) 
     lam[..., 0] = 1
     used = lam > 0
     done = torch.zeros_like(used[..., 0]) if skip is None else skip.clone()
-    _, ids1, ids2, lam, used = bounded_loop(iterate, (done, ids1, ids2, lam, used), _GJK_ITERATIONS)
+    # compiled: unrolled (inductor 2.13 fails on this body in a while_loop: "Expected positional argument")
+    _, ids1, ids2, lam, used = bounded_loop(iterate, (done, ids1, ids2, lam, used), _GJK_ITERATIONS,
+                                            unroll=torch.compiler.is_compiling())
     return ids1, ids2, lam * used
 
 
