@@ -152,17 +152,24 @@ class _Axis(NamedTuple):
     index2: Tensor  # [n] the triangle or edge of geom 2 (kind 1, 2)
 
 
-def _neighbours(q: Polytope) -> Tensor:
-    """The vertices next to each vertex of q along its edges [n, V, D] (-1: none)."""
+class _Neighbours(NamedTuple):
+    """The vertices next to each vertex of a polytope along its edges."""
+
+    ids: Tensor  # [n, V, D] (-1: none)
+    offset: Tensor  # [n, V, D, 3] from the vertex to each
+
+
+def _neighbours(q: Polytope) -> _Neighbours:
     ends = _at(q.edge, q.vert_incident)  # [n, V, D, 2]
     vertices = torch.arange(q.vert.shape[-2], device=ends.device)[:, None]
-    return torch.where(q.vert_incident < 0, -1, torch.where(ends[..., 0] == vertices, ends[..., 1], ends[..., 0]))
+    ids = torch.where(q.vert_incident < 0, -1, torch.where(ends[..., 0] == vertices, ends[..., 1], ends[..., 0]))
+    return _Neighbours(ids, _at(q.vert, ids) - q.vert[..., None, :])
 
 
 _ANCHORS = 64  # directions whose lowest vertices start the hill climbs
 
 
-def _lowest(q: Polytope, neighbour: Tensor, direction: Tensor) -> Tensor:
+def _lowest(q: Polytope, neighbour: _Neighbours, direction: Tensor) -> Tensor:
     """q's lowest vertex (least direction . v) along each direction [n, T, 3]: ids [n, T].
 
     A hill climb over q's edges (``neighbour``: ``_neighbours(q)``) from the lowest, along that
@@ -175,9 +182,8 @@ def _lowest(q: Polytope, neighbour: Tensor, direction: Tensor) -> Tensor:
 
     def step(carry):
         done, r = carry
-        w = _at(neighbour, r)  # [n, T, D]
-        drop = torch.where(w >= 0, dot(direction[..., None, :], _at(q.vert, w) - _at(q.vert, r)[..., None, :]),
-                           torch.inf)
+        w = _at(neighbour.ids, r)  # [n, T, D]
+        drop = torch.where(w >= 0, dot(direction[..., None, :], _at(neighbour.offset, r)), torch.inf)
         lowest, move = drop.min(-1)
         done = done | ~(lowest < 0)
         return done, torch.where(done, r, torch.take_along_dim(w, move[..., None], -1)[..., 0])
@@ -185,16 +191,19 @@ def _lowest(q: Polytope, neighbour: Tensor, direction: Tensor) -> Tensor:
     return bounded_loop(step, (torch.zeros_like(start, dtype=torch.bool), start), q.vert.shape[-2])[1]
 
 
-def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: Tensor, start: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours,
+              start: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The edge pairs of p and q whose Gauss-map arcs cross, found by walking each arc of p over q's map.
 
-    On the Gauss map of the difference q - p, an edge of p is the arc from the normal of its first
-    triangle (na) to that of its second (nb), and a vertex r of q the region of directions u along
-    which r is q's lowest vertex (least u . r); the edges of q are the borders of these regions. The
-    walk starts in the region holding na (``start`` [n, T]: q's lowest vertex along each triangle
-    normal of p; ``neighbour``: ``_neighbours(q)``) and crosses into the neighbour whose border the arc meets first: along u(t) ~
-    (1 - t) na + t nb, neighbour w beats r past t = a / (a - b), a = na . (w - r), b = nb . (w - r) < 0.
-    Each move lowers nb . r, so the walk ends, in q's lowest vertex along nb, within q's vertex count.
+    On the Gauss map of the difference q - p, an edge of p is the arc from the normal (``p_normal``
+    [n, T, 3]) of its first triangle, na, to that of its second, nb, and a vertex r of q the region
+    of directions u along which r is q's lowest vertex (least u . r); q's edges are the borders of
+    these regions. The walk starts in the region holding na (``start`` [n, T]: q's lowest vertex
+    along each triangle normal of p) and crosses into the neighbour (``neighbour``:
+    ``_neighbours(q)``) whose border the arc meets first: along u(t) ~ (1 - t) na + t nb, neighbour
+    w beats r past t = a / (a - b), a = na . (w - r), b = nb . (w - r) < 0. Each move lowers
+    nb . r, so the walk ends, in q's lowest vertex along nb, within q's vertex count. (Two borders
+    met at once: the arc passes a triangle normal of q, and the pairs there are that face's axis.)
 
     Returns for each edge of p the most separating crossing pair: its separation [n, E] (-inf: none),
     axis [n, E, 3] (unit, from p to q) and q's edge [n, E].
@@ -204,11 +213,10 @@ def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: Tensor, sta
     x = _at(p.vert, p.edge[..., 0])
     direction = _at(p.vert, p.edge[..., 1]) - x
 
-
     def step(carry):
         done, r, best, best_axis, best_edge = carry
-        w = _at(neighbour, r)  # [n, E, D] q's vertices next to r
-        delta = _at(q.vert, w) - _at(q.vert, r)[..., None, :]  # [n, E, D, 3]
+        w = _at(neighbour.ids, r)  # [n, E, D] q's vertices next to r
+        delta = _at(neighbour.offset, r)  # [n, E, D, 3]
         a = dot(na[..., None, :], delta).clamp(min=0)
         b = dot(nb[..., None, :], delta)
         exits = (w >= 0) & (b < 0)
@@ -221,7 +229,7 @@ def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: Tensor, sta
         axis = torch.linalg.cross(direction, d2)  # math.cross's constant tensors break inductor's while_loop
         length2 = dot(axis, axis)
         along = (1 - t.clamp(max=1))[..., None] * na + t.clamp(max=1)[..., None] * nb
-        usable = ~done & (length2 > 1e-20 * dot(direction, direction) * dot(d2, d2))
+        usable = ~done & (length2 > 1e-20 * dot(direction, direction) * dot(d2, d2)) & (dot(axis, along) != 0)
         axis = axis * (torch.sign(dot(axis, along)) / torch.sqrt(torch.where(usable, length2, 1.0)))[..., None]
         separation = torch.where(usable, dot(axis, _at(q.vert, r) - x), -torch.inf)
         better = separation > best
@@ -250,7 +258,8 @@ def _separating_axis(p1: Polytope, p2: Polytope) -> _Axis:
 
     # edge pairs whose Gauss-map arcs cross: the arcs of the geom with more edges walked over the other
     # (shorter arcs, shorter walks); the best few rechecked with full supports
-    if p2.edge.shape[-2] > p1.edge.shape[-2]:
+    walk2 = p2.edge.shape[-2] > p1.edge.shape[-2]
+    if walk2:
         cheap, axis, other = _arc_walk(p2, n2, p1, around1, lowest1)
         axis = -axis
     else:
@@ -258,7 +267,7 @@ def _separating_axis(p1: Polytope, p2: Polytope) -> _Axis:
     k = min(_RECHECK, cheap.shape[-1])
     cheap, pick = cheap.topk(k, -1)
     axis, other = _at(axis, pick), _at(other, pick)
-    i, j = (other, pick) if p2.edge.shape[-2] > p1.edge.shape[-2] else (pick, other)
+    i, j = (other, pick) if walk2 else (pick, other)
     exact = (axis @ p2.vert.transpose(-1, -2)).amin(-1) - (axis @ p1.vert.transpose(-1, -2)).amax(-1)
     exact = torch.where(torch.isfinite(cheap), exact, -torch.inf)
 
