@@ -18,7 +18,7 @@ plain code would.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -27,8 +27,7 @@ from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
 from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
-if TYPE_CHECKING:  # an annotation only: the collision modules, which diffmj.types imports, use bounded_loop
-    from diffmj.types import Data
+from diffmj.types import Data
 
 
 def canonical_layout(out: Data, d: Data) -> Data:

@@ -53,10 +53,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from diffmj import workarounds  # the module, not its names: it imports diffmj.types, which imports this
 from diffmj.collision.common import Candidates, GeomPose, compact, make_candidates
 from diffmj.enums import GeomType
 from diffmj.math import MINVAL, cross, dot, mat_t_vec, normalize
-from diffmj.workarounds import bounded_loop
 
 # ---------------------------------------------------------------- support functions
 
@@ -819,7 +819,8 @@ def largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
     phase = torch.where(npoly >= 5, 0, 3)  # 3: done
     carry = (phase == 3, phase, a, b, c, d, _quad_area(poly, a, b, c, d), torch.stack((a, b, c, d), -1),
              torch.zeros_like(npoly, dtype=torch.bool))
-    *_, result, tied = bounded_loop(step, carry, 4 * poly.shape[-2] + 4)  # eager: stops once all are done
+    # eager: stops once all are done
+    *_, result, tied = workarounds.bounded_loop(step, carry, 4 * poly.shape[-2] + 4)
     return result, tied
 
 

@@ -51,11 +51,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffmj import workarounds  # the module, not its names: it imports diffmj.types, which imports this
 from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_candidates
 from diffmj.collision.convex import BOX_FACES, clip_contacts, fibonacci_directions, multicontact_choice
 from diffmj.collision.mesh import facet_edges, incident_edges
 from diffmj.math import cross, dot, mat_vec
-from diffmj.workarounds import bounded_loop
 
 MAX_CONTACTS = 4  # MuJoCo's mjc_Convex cuts box / mesh pairs to 4 contacts
 
@@ -188,7 +188,7 @@ def _lowest(q: Polytope, neighbour: _Neighbours, direction: Tensor) -> Tensor:
         done = done | ~(lowest < 0)
         return done, torch.where(done, r, torch.take_along_dim(w, move[..., None], -1)[..., 0])
 
-    return bounded_loop(step, (torch.zeros_like(start, dtype=torch.bool), start), q.vert.shape[-2])[1]
+    return workarounds.bounded_loop(step, (torch.zeros_like(start, dtype=torch.bool), start), q.vert.shape[-2])[1]
 
 
 def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours,
@@ -242,7 +242,7 @@ def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours
     start = torch.take_along_dim(start, p.edge_facet[..., 0].clamp(min=0), -1)
     carry = (p.edge[..., 0] < 0, start, torch.full_like(na[..., 0], -torch.inf), torch.zeros_like(na),
              torch.zeros_like(start))
-    _, _, best, best_axis, best_edge = bounded_loop(step, carry, q.vert.shape[-2])
+    _, _, best, best_axis, best_edge = workarounds.bounded_loop(step, carry, q.vert.shape[-2])
     return best, best_axis, best_edge
 
 
@@ -357,7 +357,7 @@ def _gjk(p1: Polytope, p2: Polytope, start: Tensor, skip: Tensor | None = None) 
     used = lam > 0
     done = torch.zeros_like(used[..., 0]) if skip is None else skip.clone()
     # compiled: unrolled (inductor 2.13 fails on this body in a while_loop: "Expected positional argument")
-    _, ids1, ids2, lam, used = bounded_loop(iterate, (done, ids1, ids2, lam, used), _GJK_ITERATIONS,
+    _, ids1, ids2, lam, used = workarounds.bounded_loop(iterate, (done, ids1, ids2, lam, used), _GJK_ITERATIONS,
                                             unroll=torch.compiler.is_compiling())
     return ids1, ids2, lam * used
 
