@@ -819,8 +819,9 @@ def largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
     phase = torch.where(npoly >= 5, 0, 3)  # 3: done
     carry = (phase == 3, phase, a, b, c, d, _quad_area(poly, a, b, c, d), torch.stack((a, b, c, d), -1),
              torch.zeros_like(npoly, dtype=torch.bool))
-    # eager: stops once all are done
-    *_, result, tied = workarounds.bounded_loop(step, carry, 4 * poly.shape[-2] + 4)
+    # eager: stops once all are done; compiled: unrolled, as its scan under vmap (2.13) refuses the carry
+    *_, result, tied = workarounds.bounded_loop(step, carry, 4 * poly.shape[-2] + 4,
+                                                unroll=torch.compiler.is_compiling())
     return result, tied
 
 

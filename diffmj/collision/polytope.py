@@ -240,7 +240,8 @@ def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours
         return done, r, best, best_axis, best_edge
 
     start = torch.take_along_dim(start, p.edge_facet[..., 0].clamp(min=0), -1)
-    carry = (p.edge[..., 0] < 0, start, torch.full_like(na[..., 0], -torch.inf), torch.zeros_like(na),
+    # (initial values made from batched inputs: under vmap the compiled loop needs them batched as its outputs)
+    carry = (p.edge[..., 0] < 0, start, torch.full_like(start, -torch.inf, dtype=na.dtype), torch.zeros_like(na),
              torch.zeros_like(start))
     _, _, best, best_axis, best_edge = workarounds.bounded_loop(step, carry, q.vert.shape[-2])
     return best, best_axis, best_edge
