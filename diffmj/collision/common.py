@@ -52,6 +52,7 @@ class MeshShape(NamedTuple):
     vert_edge: Tensor  # [n, V, P] long: per polygon at a vertex, the vertex before it in the polygon (-1: none)
     edge: Tensor  # [n, E, 2] long: the edges of the hull's triangles (-1: none)
     edge_facet: Tensor  # [n, E, 2] long: the two triangles that meet at each edge
+    vert_incident: Tensor  # [n, V, D] long: the edges at each vertex (-1: none)
 
 
 class MeshPose(NamedTuple):

@@ -53,6 +53,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from diffmj import workarounds  # the module, not its names: it imports diffmj.types, which imports this
 from diffmj.collision.common import Candidates, GeomPose, compact, make_candidates
 from diffmj.enums import GeomType
 from diffmj.math import MINVAL, cross, dot, mat_t_vec, normalize
@@ -204,7 +205,7 @@ _STALLED = 1e-9  # trust radius below which Newton has stalled
 _NEAR = 1e-6  # |u.d| or |P u| below which a stalled u is moved onto the kink
 
 
-def _fibonacci(k: int) -> list[list[float]]:
+def fibonacci_directions(k: int) -> list[list[float]]:
     """k nearly uniform unit vectors (a spherical Fibonacci lattice)."""
     golden = math.pi * (3 - math.sqrt(5))
     out = []
@@ -215,7 +216,7 @@ def _fibonacci(k: int) -> list[list[float]]:
     return out
 
 
-_LATTICE = _fibonacci(40)
+_LATTICE = fibonacci_directions(40)
 _CIRCLE = 24  # samples on each segment kink's great circle
 
 
@@ -766,7 +767,8 @@ def _clip(face: Tensor, nface: Tensor, poly: Tensor, npoly: Tensor, normal: Tens
 def _quad_area(poly: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
     """Area of the quadrilateral of vertices a, b, c, d [n] of poly [n, P, 3]: |ac x bd| / 2."""
     at = lambda i: torch.take_along_dim(poly, i[..., None, None], -2)[..., 0, :]  # noqa: E731
-    return 0.5 * torch.sqrt(dot(*(cross(at(a) - at(c), at(b) - at(d)),) * 2))
+    # torch.linalg.cross: math.cross's constant tensors would break inductor's while_loop in largest_quad
+    return 0.5 * torch.sqrt(dot(*(torch.linalg.cross(at(a) - at(c), at(b) - at(d)),) * 2))
 
 
 _TIE = 1e-9  # relative area difference within which two quadrilaterals count as equal
@@ -785,13 +787,9 @@ def largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
     arithmetic would.
     """
     n = npoly.clamp(min=1)
-    a = torch.zeros_like(npoly)
-    b, c, d = a + 1, a + 2, a + 3
-    best = _quad_area(poly, a, b, c, d)
-    result = torch.stack((a, b, c, d), -1)
-    phase = torch.where(npoly >= 5, 0, 3)  # 3: done
-    tied = torch.zeros_like(npoly, dtype=torch.bool)
-    for _ in range(4 * poly.shape[-2] + 4):
+
+    def step(carry):  # one area tried; done (phase 3) elements are left as they are
+        _, phase, a, b, c, d, best, result, tied = carry
         bn, cn, dn = (b + 1) % n, (c + 1) % n, (d + 1) % n
         area = _quad_area(poly, a, torch.where(phase == 2, bn, b), torch.where(phase == 1, cn, c),
                           torch.where(phase == 0, dn, d))
@@ -814,6 +812,16 @@ def largest_quad(poly: Tensor, npoly: Tensor) -> tuple[Tensor, Tensor]:
         phase = torch.where(phase == 3, 3, torch.where(
             phase == 0, torch.where(grow, 1, torch.where(a >= n, 3, 0)),
             torch.where(grow, phase, (phase + 1) % 3)))
+        return phase == 3, phase, a, b, c, d, best, result, tied
+
+    a = torch.zeros_like(npoly)
+    b, c, d = a + 1, a + 2, a + 3
+    phase = torch.where(npoly >= 5, 0, 3)  # 3: done
+    carry = (phase == 3, phase, a, b, c, d, _quad_area(poly, a, b, c, d), torch.stack((a, b, c, d), -1),
+             torch.zeros_like(npoly, dtype=torch.bool))
+    # eager: stops once all are done; compiled: unrolled, as its scan under vmap (2.13) refuses the carry
+    *_, result, tied = workarounds.bounded_loop(step, carry, 4 * poly.shape[-2] + 4,
+                                                unroll=torch.compiler.is_compiling())
     return result, tied
 
 

@@ -26,7 +26,8 @@ one batch (and under ``torch.vmap`` / ``torch.compile``):
   off in float32 vertices) and can leave out a hull vertex (seen 1e-5 outside
   them). ``edge`` [nmesh, E, 2] are the triangles' edges and ``edge_facet``
   [nmesh, E, 2] the two triangles at each, for the separating-axis test of two
-  hulls.
+  hulls; ``vert_incident`` [nmesh, V, D] the edges at each vertex (-1 padded),
+  along which that test walks the hull.
 
 Mesh-plane (``mjc_PlaneConvex`` in MuJoCo 4) gives up to 4 contacts, none
 unless the deepest vertex is within the margin. The hull polygon at the
@@ -71,6 +72,7 @@ class Meshes(PyTreeNode):
     vert_edge: Tensor  # [nmesh, V, P] long
     edge: Tensor  # [nmesh, E, 2] long
     edge_facet: Tensor  # [nmesh, E, 2] long
+    vert_incident: Tensor  # [nmesh, V, D] long
 
 
 def mesh_unsupported(mjm: mujoco.MjModel, mesh: int) -> str | None:
@@ -135,6 +137,15 @@ def facet_edges(facets: list[list[int]]) -> tuple[list[list[int]], list[list[int
     return [list(e) for e in at], [(ts * 2)[:2] for ts in at.values()]
 
 
+def incident_edges(edges: list[list[int]], nvert: int) -> list[list[int]]:
+    """For each of nvert vertices, the ids of the edges (vertex pairs) at it."""
+    at: list[list[int]] = [[] for _ in range(nvert)]
+    for k, ends in enumerate(edges):
+        for v in ends:
+            at[v].append(k)
+    return at
+
+
 def build_meshes(mjm: mujoco.MjModel, meshes: list[int], dtype: torch.dtype, device: torch.device) -> Meshes:
     """Padded arrays of the given meshes, rows in that order."""
     parts = [_mesh_arrays(mjm, k) for k in meshes]
@@ -169,7 +180,9 @@ def build_meshes(mjm: mujoco.MjModel, meshes: list[int], dtype: torch.dtype, dev
                                           if parts else np.zeros((0, 1), bool), device=device),
                   vert_edge=torch.as_tensor(stack([vertex_edges(p[1], p[2]) for p in parts], nvert), device=device),
                   edge=torch.as_tensor(stack([e for e, _ in edges], nedge), device=device),
-                  edge_facet=torch.as_tensor(stack([f for _, f in edges], nedge), device=device))
+                  edge_facet=torch.as_tensor(stack([f for _, f in edges], nedge), device=device),
+                  vert_incident=torch.as_tensor(stack([incident_edges(e, nvert) for e, _ in edges], nvert),
+                                                device=device))
 
 
 def mesh_shape(meshes: Meshes, row: Tensor) -> MeshShape:

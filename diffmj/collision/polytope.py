@@ -14,7 +14,12 @@ instead of to ``ccd_tolerance``:
   arcs on the Gauss map cross (their cross product is then a face normal of
   the Minkowski difference and the edges are the supporting features, so the
   overlap needs no support search); the few best are rechecked with full
-  supports, so a pair admitted by rounding never decides the depth.
+  supports, so a pair admitted by rounding never decides the depth. No
+  E1 x E2 table is formed: each arc of one geom is walked across the other's
+  Gauss map (``_arc_walk``), and the other's lowest vertex along each
+  triangle normal is found by hill climbing over its edges (``_lowest``), so
+  the cost grows with the edge count times the walks' and climbs' lengths
+  (a few steps on fine meshes).
 * **Separation** (within the margin) by GJK: the closest point of the
   Minkowski difference to the origin, each simplex solved by trying all of
   its sub-simplices (exact for polytopes, to rounding).
@@ -46,9 +51,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffmj import workarounds  # the module, not its names: it imports diffmj.types, which imports this
 from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_candidates
-from diffmj.collision.convex import BOX_FACES, clip_contacts, multicontact_choice
-from diffmj.collision.mesh import facet_edges, vertex_edges
+from diffmj.collision.convex import BOX_FACES, clip_contacts, fibonacci_directions, multicontact_choice
+from diffmj.collision.mesh import facet_edges, incident_edges
 from diffmj.math import cross, dot, mat_vec
 
 MAX_CONTACTS = 4  # MuJoCo's mjc_Convex cuts box / mesh pairs to 4 contacts
@@ -65,6 +71,7 @@ class Polytope(NamedTuple):
     facet: Tensor  # [n, T, 3] long: triangles covering the surface (-1: none)
     edge: Tensor  # [n, E, 2] long: the triangles' edges (-1: none)
     edge_facet: Tensor  # [n, E, 2] long: the two triangles at each edge
+    vert_incident: Tensor  # [n, V, D] long: the edges at each vertex (-1: none)
 
 
 # ---------------------------------------------------------------- the two geoms as polytopes
@@ -75,6 +82,7 @@ _BOX_POLY_VERT = [[int(np.flatnonzero((_BOX_SIGNS == corner).all(1))[0]) for cor
 _BOX_VERT_POLY = [[2 * i + (1 - (k >> i & 1)) for i in range(3)] for k in range(8)]  # its +-x, +-y, +-z faces
 _BOX_FACETS = [[f[0], f[2], f[1]] for f in _BOX_POLY_VERT] + [[f[0], f[3], f[2]] for f in _BOX_POLY_VERT]
 _BOX_EDGES, _BOX_EDGE_FACETS = facet_edges(_BOX_FACETS)
+_BOX_INCIDENT = [ids + [-1] * (5 - len(ids)) for ids in incident_edges(_BOX_EDGES, 8)]  # 3 to 5 each, -1 padded
 
 
 def _box_polytope(box: GeomPose) -> Polytope:
@@ -88,7 +96,7 @@ def _box_polytope(box: GeomPose) -> Polytope:
     edge_of_vertex = [[k ^ (1 << i) for i in range(3)] for k in range(8)]  # boxEdgeNormals: flip x, y, z
     return Polytope(_to_world(box, local), long(_BOX_VERT_POLY), long(edge_of_vertex), long(_BOX_POLY_VERT),
                     mat_vec(box.mat[..., None, :, :], normal), long(_BOX_FACETS), long(_BOX_EDGES),
-                    long(_BOX_EDGE_FACETS))
+                    long(_BOX_EDGE_FACETS), long(_BOX_INCIDENT))
 
 
 def _mesh_polytope(mesh_geom: MeshPose) -> Polytope:
@@ -103,7 +111,8 @@ def _mesh_polytope(mesh_geom: MeshPose) -> Polytope:
     reverse = torch.where(slots < count, count - 1 - slots, slots)
     return Polytope(_to_world(pose, vert), shape.vert_poly, shape.vert_edge,
                     torch.take_along_dim(shape.poly_vert, reverse, -1),
-                    mat_vec(pose.mat[..., None, :, :], shape.poly_normal), shape.facet, shape.edge, shape.edge_facet)
+                    mat_vec(pose.mat[..., None, :, :], shape.poly_normal), shape.facet, shape.edge, shape.edge_facet,
+                    shape.vert_incident)
 
 
 def _to_world(pose: GeomPose, local: Tensor) -> Tensor:
@@ -111,9 +120,10 @@ def _to_world(pose: GeomPose, local: Tensor) -> Tensor:
 
 
 def _at(x: Tensor, index: Tensor) -> Tensor:
-    """Rows of x [n, m, ...] at index [n, ...] (negative ids read row 0): [n, ..., *x.shape[2:]]."""
-    flat = index.clamp(min=0).reshape(index.shape[0], -1)
-    rows = torch.take_along_dim(x, flat.reshape(*flat.shape, *(1,) * (x.dim() - 2)), 1)
+    """Rows of x [n, m, ...] at index [n, ...] (ids out of range read row 0 or m - 1, for values that
+    are not used): [n, ..., *x.shape[2:]]."""
+    flat = index.clamp(0, x.shape[1] - 1).reshape(index.shape[0], -1)
+    rows = torch.gather(x, 1, flat.reshape(*flat.shape, *(1,) * (x.dim() - 2)).expand(*flat.shape, *x.shape[2:]))
     return rows.reshape(*index.shape, *x.shape[2:])
 
 
@@ -132,17 +142,6 @@ def _facet_planes(p: Polytope) -> tuple[Tensor, Tensor, Tensor]:
 _RECHECK = 8  # edge-pair axes rechecked with full supports
 
 
-def _gauss_arcs_cross(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
-    """Whether the Gauss-map arc a-b [n, E1, 3] crosses the arc c-d [n, E2, 3]: [n, E1, E2]."""
-    bxa, dxc = cross(b, a), cross(d, c)
-    cba = c @ bxa.transpose(-1, -2)  # [n, E2, E1]
-    dba = d @ bxa.transpose(-1, -2)
-    adc = a @ dxc.transpose(-1, -2)  # [n, E1, E2]
-    bdc = b @ dxc.transpose(-1, -2)
-    cba, dba = cba.transpose(-1, -2), dba.transpose(-1, -2)
-    return (cba * dba < 0) & (adc * bdc < 0) & (cba * bdc > 0)
-
-
 class _Axis(NamedTuple):
     """The best separating axis: separation along it (negative: penetration) and its features."""
 
@@ -153,39 +152,123 @@ class _Axis(NamedTuple):
     index2: Tensor  # [n] the triangle or edge of geom 2 (kind 1, 2)
 
 
+class _Neighbours(NamedTuple):
+    """The vertices next to each vertex of a polytope along its edges."""
+
+    ids: Tensor  # [n, V, D] (-1: none)
+    offset: Tensor  # [n, V, D, 3] from the vertex to each
+
+
+def _neighbours(q: Polytope) -> _Neighbours:
+    ends = _at(q.edge, q.vert_incident)  # [n, V, D, 2]
+    vertices = torch.arange(q.vert.shape[-2], device=ends.device)[:, None]
+    ids = torch.where(q.vert_incident < 0, -1, torch.where(ends[..., 0] == vertices, ends[..., 1], ends[..., 0]))
+    return _Neighbours(ids, _at(q.vert, ids) - q.vert[..., None, :])
+
+
+_ANCHORS = 64  # directions whose lowest vertices start the hill climbs
+
+
+def _lowest(q: Polytope, neighbour: _Neighbours, direction: Tensor) -> Tensor:
+    """q's lowest vertex (least direction . v) along each direction [n, T, 3]: ids [n, T].
+
+    A hill climb over q's edges (``neighbour``: ``_neighbours(q)``) from the lowest, along that
+    direction, of q's lowest vertices along a fixed lattice of directions. Each move lowers
+    direction . v; on a convex hull a vertex with no lower neighbour is the lowest (to rounding).
+    """
+    lattice = direction.new_tensor(fibonacci_directions(_ANCHORS))
+    anchor = (lattice @ q.vert.transpose(-1, -2)).argmin(-1)  # [n, K]
+    start = _at(anchor, (direction @ _at(q.vert, anchor).transpose(-1, -2)).argmin(-1))
+
+    def step(carry):
+        done, r = carry
+        w = _at(neighbour.ids, r)  # [n, T, D]
+        drop = torch.where(w >= 0, dot(direction[..., None, :], _at(neighbour.offset, r)), torch.inf)
+        lowest, move = drop.min(-1)
+        done = done | ~(lowest < 0)
+        return done, torch.where(done, r, torch.take_along_dim(w, move[..., None], -1)[..., 0])
+
+    return workarounds.bounded_loop(step, (torch.zeros_like(start, dtype=torch.bool), start), q.vert.shape[-2])[1]
+
+
+def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours,
+              start: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The edge pairs of p and q whose Gauss-map arcs cross, found by walking each arc of p over q's map.
+
+    On the Gauss map of the difference q - p, an edge of p is the arc from the normal (``p_normal``
+    [n, T, 3]) of its first triangle, na, to that of its second, nb, and a vertex r of q the region
+    of directions u along which r is q's lowest vertex (least u . r); q's edges are the borders of
+    these regions. The walk starts in the region holding na (``start`` [n, T]: q's lowest vertex
+    along each triangle normal of p) and crosses into the neighbour (``neighbour``:
+    ``_neighbours(q)``) whose border the arc meets first: along u(t) ~ (1 - t) na + t nb, neighbour
+    w beats r past t = a / (a - b), a = na . (w - r), b = nb . (w - r) < 0. Each move lowers
+    nb . r, so the walk ends, in q's lowest vertex along nb, within q's vertex count. (Two borders
+    met at once: the arc passes a triangle normal of q, and the pairs there are that face's axis.)
+
+    Returns for each edge of p the most separating crossing pair: its separation [n, E] (-inf: none),
+    axis [n, E, 3] (unit, from p to q) and q's edge [n, E].
+    """
+    # (separate tensors, not views of one: torch.compile's while_loop refuses aliased inputs)
+    na, nb = _at(p_normal, p.edge_facet[..., 0]), _at(p_normal, p.edge_facet[..., 1])  # [n, E, 3]
+    x = _at(p.vert, p.edge[..., 0])
+    direction = _at(p.vert, p.edge[..., 1]) - x
+
+    def step(carry):
+        done, r, best, best_axis, best_edge = carry
+        w = _at(neighbour.ids, r)  # [n, E, D] q's vertices next to r
+        delta = _at(neighbour.offset, r)  # [n, E, D, 3]
+        a = dot(na[..., None, :], delta).clamp(min=0)
+        b = dot(nb[..., None, :], delta)
+        exits = (w >= 0) & (b < 0)
+        t = torch.where(exits, a / torch.where(exits, a - b, 1.0), torch.inf)
+        move = t.argmin(-1, keepdim=True)
+        done = done | ~exits.any(-1)
+        t = torch.take_along_dim(t, move, -1)[..., 0]
+        d2 = torch.take_along_dim(delta, move[..., None], -2)[..., 0, :]
+        # the crossing pair's axis: the two edges' cross product, oriented along the arc
+        axis = torch.linalg.cross(direction, d2)  # math.cross's constant tensors break inductor's while_loop
+        length2 = dot(axis, axis)
+        along = (1 - t.clamp(max=1))[..., None] * na + t.clamp(max=1)[..., None] * nb
+        usable = ~done & (length2 > 1e-20 * dot(direction, direction) * dot(d2, d2)) & (dot(axis, along) != 0)
+        axis = axis * (torch.sign(dot(axis, along)) / torch.sqrt(torch.where(usable, length2, 1.0)))[..., None]
+        separation = torch.where(usable, dot(axis, _at(q.vert, r) - x), -torch.inf)
+        better = separation > best
+        best = torch.where(better, separation, best)
+        best_axis = torch.where(better[..., None], axis, best_axis)
+        best_edge = torch.where(better, torch.take_along_dim(_at(q.vert_incident, r), move, -1)[..., 0], best_edge)
+        r = torch.where(done, r, torch.take_along_dim(w, move, -1)[..., 0])
+        return done, r, best, best_axis, best_edge
+
+    start = torch.take_along_dim(start, p.edge_facet[..., 0].clamp(min=0), -1)
+    # (initial values made from batched inputs: under vmap the compiled loop needs them batched as its outputs)
+    carry = (p.edge[..., 0] < 0, start, torch.full_like(start, -torch.inf, dtype=na.dtype), torch.zeros_like(na),
+             torch.zeros_like(start))
+    _, _, best, best_axis, best_edge = workarounds.bounded_loop(step, carry, q.vert.shape[-2])
+    return best, best_axis, best_edge
+
+
 def _separating_axis(p1: Polytope, p2: Polytope) -> _Axis:
     """The axis of least overlap (most separation) among the triangle normals and the edge pairs."""
     n1, off1, ok1 = _facet_planes(p1)
     n2, off2, ok2 = _facet_planes(p2)
     # a triangle normal m of one geom: separation min over the other's vertices of (v . m) - offset
-    sep1 = torch.where(ok1, (n1 @ p2.vert.transpose(-1, -2)).amin(-1) - off1, -torch.inf)
-    sep2 = torch.where(ok2, (n2 @ p1.vert.transpose(-1, -2)).amin(-1) - off2, -torch.inf)
+    around1, around2 = _neighbours(p1), _neighbours(p2)
+    lowest2, lowest1 = _lowest(p2, around2, n1), _lowest(p1, around1, n2)
+    sep1 = torch.where(ok1, dot(n1, _at(p2.vert, lowest2)) - off1, -torch.inf)
+    sep2 = torch.where(ok2, dot(n2, _at(p1.vert, lowest1)) - off2, -torch.inf)
 
-    # edge pairs whose Gauss-map arcs cross (geom 2's normals negated: the Minkowski difference)
-    e1, e2 = _at(p1.vert, p1.edge), _at(p2.vert, p2.edge)  # [n, E, 2, 3]
-    f1, f2 = _at(n1, p1.edge_facet), _at(n2, p2.edge_facet)
-    crossing = _gauss_arcs_cross(f1[..., 0, :], f1[..., 1, :], -f2[..., 0, :], -f2[..., 1, :])
-    crossing = crossing & (p1.edge[..., :, None, 0] >= 0) & (p2.edge[..., None, :, 0] >= 0)
-    d1, d2 = e1[..., 1, :] - e1[..., 0, :], e2[..., 1, :] - e2[..., 0, :]
-    # with u = d1 x d2: |u|^2, u . (x2 - x1), u . (x1 - c1) as matrix products of triple products
-    gram = (d1 @ d2.transpose(-1, -2)) ** 2
-    length2 = dot(d1, d1)[..., :, None] * dot(d2, d2)[..., None, :] - gram
-    inner = p1.vert.mean(-2)
-    x1, x2 = e1[..., 0, :], e2[..., 0, :]
-    along = d1 @ cross(d2, x2).transpose(-1, -2) - cross(x1, d1) @ d2.transpose(-1, -2)  # u . (x2 - x1)
-    outward = cross(x1 - inner[..., None, :], d1) @ d2.transpose(-1, -2)  # u . (x1 - inner)
-    scale = dot(d1, d1)[..., :, None] * dot(d2, d2)[..., None, :]
-    usable = crossing & (length2 > 1e-20 * scale)
-    sep_edge = torch.where(usable, along * torch.sign(outward) / torch.sqrt(torch.where(usable, length2, 1.0)),
-                           -torch.inf).flatten(-2)
-
-    # the best few edge pairs, rechecked with full supports
-    k = min(_RECHECK, sep_edge.shape[-1])
-    cheap, pick = sep_edge.topk(k, -1)
-    i, j = pick // e2.shape[-3], pick % e2.shape[-3]
-    axis = cross(_at(d1, i), _at(d2, j))
-    axis = axis * (torch.sign(dot(axis, _at(x1, i) - inner[..., None, :])) /
-                   torch.sqrt(dot(axis, axis)).clamp(min=1e-300))[..., None]
+    # edge pairs whose Gauss-map arcs cross: the arcs of the geom with more edges walked over the other
+    # (shorter arcs, shorter walks); the best few rechecked with full supports
+    walk2 = p2.edge.shape[-2] > p1.edge.shape[-2]
+    if walk2:
+        cheap, axis, other = _arc_walk(p2, n2, p1, around1, lowest1)
+        axis = -axis
+    else:
+        cheap, axis, other = _arc_walk(p1, n1, p2, around2, lowest2)
+    k = min(_RECHECK, cheap.shape[-1])
+    cheap, pick = cheap.topk(k, -1)
+    axis, other = _at(axis, pick), _at(other, pick)
+    i, j = (other, pick) if walk2 else (pick, other)
     exact = (axis @ p2.vert.transpose(-1, -2)).amin(-1) - (axis @ p1.vert.transpose(-1, -2)).amax(-1)
     exact = torch.where(torch.isfinite(cheap), exact, -torch.inf)
 
@@ -242,19 +325,19 @@ def _closest_on_simplex(w: Tensor, used: Tensor) -> tuple[Tensor, Tensor]:
     return _at(lam, best), masks[best]
 
 
-def _gjk(p1: Polytope, p2: Polytope, start: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _gjk(p1: Polytope, p2: Polytope, start: Tensor, skip: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """GJK on the difference geom2 - geom1 from direction ``start`` [n, 3]: the final simplex's vertex
-    ids in geom 1 and geom 2 [n, 4] and the weights of the closest point [n, 4] (0: unused)."""
+    ids in geom 1 and geom 2 [n, 4] and the weights of the closest point [n, 4] (0: unused).
+
+    Pairs where ``skip`` [n] holds keep the first support point (their answer is not used). The
+    iterations run in ``bounded_loop``: eager, they stop once every pair has converged.
+    """
     def support(direction):  # the vertices of geom 2 farthest along direction, of geom 1 against it
         return ((p1.vert * -direction[..., None, :]).sum(-1).argmax(-1),
                 (p2.vert * direction[..., None, :]).sum(-1).argmax(-1))
 
-    ids1, ids2 = (x[..., None].repeat(1, 4) for x in support(-start))
-    lam = torch.zeros_like(start[..., :1]).repeat(1, 4)
-    lam[..., 0] = 1
-    used = lam > 0
-    done = torch.zeros_like(used[..., 0])
-    for _ in range(_GJK_ITERATIONS):
+    def iterate(carry):
+        done, ids1, ids2, lam, used = carry
         w = _at(p2.vert, ids2) - _at(p1.vert, ids1)
         v = (lam[..., None] * w).sum(-2)
         new1, new2 = support(-v)
@@ -267,8 +350,16 @@ def _gjk(p1: Polytope, p2: Polytope, start: Tensor) -> tuple[Tensor, Tensor, Ten
         ids1, ids2 = torch.where(add, new1[..., None], ids1), torch.where(add, new2[..., None], ids2)
         w = _at(p2.vert, ids2) - _at(p1.vert, ids1)
         lam_new, keep = _closest_on_simplex(w, used | add)
-        lam = torch.where(done[..., None], lam, lam_new)
-        used = torch.where(done[..., None], used, keep)
+        return done, ids1, ids2, torch.where(done[..., None], lam, lam_new), torch.where(done[..., None], used, keep)
+
+    ids1, ids2 = (x[..., None].repeat(1, 4) for x in support(-start))
+    lam = torch.zeros_like(start[..., :1]).repeat(1, 4)
+    lam[..., 0] = 1
+    used = lam > 0
+    done = torch.zeros_like(used[..., 0]) if skip is None else skip.clone()
+    # compiled: unrolled (inductor 2.13 fails on this body in a while_loop: "Expected positional argument")
+    _, ids1, ids2, lam, used = workarounds.bounded_loop(iterate, (done, ids1, ids2, lam, used), _GJK_ITERATIONS,
+                                            unroll=torch.compiler.is_compiling())
     return ids1, ids2, lam * used
 
 
@@ -297,12 +388,13 @@ def _distinct(ids: Tensor, used: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(torch.arange(3, device=ids.device) < count[..., None], ids, ids[..., :1]), count
 
 
-def _contact(p1: Polytope, p2: Polytope) -> _Contact:
+def _contact(p1: Polytope, p2: Polytope, margin: Tensor) -> _Contact:
     """Signed distance, normal, witness points and supporting features, with gradient (see module doc)."""
     with torch.no_grad():
         q1, q2 = (Polytope(*(x.detach().double() if x.is_floating_point() else x for x in p)) for p in (p1, p2))
         axis = _separating_axis(q1, q2)
-        gjk1, gjk2, lam = _gjk(q1, q2, axis.normal)
+        # GJK only where the geoms are apart by less than the margin (the separation bounds the distance)
+        gjk1, gjk2, lam = _gjk(q1, q2, axis.normal, skip=~((axis.separation > 0) & (axis.separation < margin)))
     separated = axis.separation > 0
     dtype = p1.vert.dtype
     lam = lam.to(dtype)
@@ -456,7 +548,7 @@ def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
 
 def _collide(p1: Polytope, p2: Polytope, margin: Tensor) -> Candidates:
     """mjc_Convex of two polytopes: up to 4 contacts [n, 4] (see module doc)."""
-    con = _contact(p1, p2)
+    con = _contact(p1, p2, margin)
     touching = con.dist < margin
     slots = torch.arange(MAX_CONTACTS, device=margin.device)
     use, mdist, mpos, mnormal, count = _multicontact(p1, p2, con, margin)
