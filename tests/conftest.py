@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import diffmj
+from diffmj.collision.driver import collision
 
 # The test models are small: one thread avoids MKL's threading overhead on tiny
 # matrices, which is large when the machine's other core is busy.
@@ -313,3 +314,26 @@ def check_stage(stage, m, mjd, writes, tol: float | dict = TOL["smooth"], d=None
             actual, theirs = torch.where(mask, after[name], 0), torch.where(mask, expected[name], 0)
             assert_close(name, actual, theirs, _tol(tol, name), empty_ok)
     return out
+
+
+# contacts of MuJoCo's GJK / EPA (mjc_Convex, at ccd_tolerance 1e-14) against diffmj's exact ones
+CCD_TOL = {"contact.dist": TOL["ccd_dist"], "contact.pos": TOL["ccd_contact"], "contact.frame": TOL["ccd_contact"]}
+
+
+def mujoco_states(mjm: mujoco.MjModel, m: diffmj.Model, poses):
+    """(MuJoCo's data after mj_forward, diffmj's data) at each qpos of ``poses``."""
+    mjd = mujoco.MjData(mjm)
+    for qpos in poses:
+        mjd.qpos[:] = qpos
+        mujoco.mj_forward(mjm, mjd)
+        yield mjd, diffmj.put_data(m, mjd)
+
+
+def assert_contacts_match(mjm: mujoco.MjModel, poses, tol: float | dict = CCD_TOL) -> list[int]:
+    """Contacts of each pose against MuJoCo's; returns MuJoCo's contact counts."""
+    m = diffmj.put_model(mjm)
+    counts = []
+    for mjd, d in mujoco_states(mjm, m, poses):
+        counts.append(mjd.ncon)
+        compare_contacts(m, collision(m, d), mjd, tol=tol)
+    return counts

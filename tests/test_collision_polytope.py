@@ -26,10 +26,8 @@ from diffmj.collision.driver import collision
 from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.polytope import box_mesh, mesh_mesh
 from diffmj.smooth import kinematics
-from tests.conftest import TOL, as_numpy, assert_close, check_stage, compare_contacts
+from tests.conftest import CCD_TOL, TOL, as_numpy, assert_close, assert_contacts_match, check_stage, mujoco_states
 from tests.test_solver import assert_solution, converged
-
-CCD_TOL = {"contact.dist": TOL["ccd_dist"], "contact.pos": TOL["ccd_contact"], "contact.frame": TOL["ccd_contact"]}
 
 
 def _cloud(rng, count: int, scale: float) -> np.ndarray:
@@ -65,31 +63,12 @@ def _poses(rng, count: int, flat: bool):
         yield np.concatenate((pos, quat / np.linalg.norm(quat, axis=1, keepdims=True)), 1).ravel()
 
 
-def _states(mjm: mujoco.MjModel, m: diffmj.Model, poses):
-    """(MuJoCo's data after mj_forward, diffmj's data) at each qpos of ``poses``."""
-    mjd = mujoco.MjData(mjm)
-    for qpos in poses:
-        mjd.qpos[:] = qpos
-        mujoco.mj_forward(mjm, mjd)
-        yield mjd, diffmj.put_data(m, mjd)
-
-
-def _assert_matches(mjm: mujoco.MjModel, poses) -> list[int]:
-    """Contacts of each pose against MuJoCo's; returns MuJoCo's contact counts."""
-    m = diffmj.put_model(mjm)
-    counts = []
-    for mjd, d in _states(mjm, m, poses):
-        counts.append(mjd.ncon)
-        compare_contacts(m, collision(m, d), mjd, tol=CCD_TOL)
-    return counts
-
-
 @pytest.mark.parametrize("margin", [0.0, 0.02])
 @pytest.mark.parametrize("second", ["mesh", "box"])
 @pytest.mark.parametrize("flat", [False, True])
 def test_matches_mujoco(second, margin, flat):
     mjm = _pair_model(second, margin, seed=int(flat) + 2 * (second == "box"))
-    counts = _assert_matches(mjm, _poses(np.random.default_rng(7), 60, flat))
+    counts = assert_contacts_match(mjm, _poses(np.random.default_rng(7), 60, flat))
     # outcomes exercised: single contacts, edge-face pairs; face-face quads when flat, misses when not
     assert counts.count(1) > 5 and counts.count(2) > 3
     assert counts.count(4) >= 3 if flat else counts.count(0) > 3
@@ -102,7 +81,7 @@ def test_large_meshes_match_mujoco():
     vertices alone changes the depth of the last of these poses by 5e-6."""
     rng = np.random.default_rng(6)
     large = _cloud(rng, 200, 0.1)
-    _assert_matches(_pair_model("mesh", 0.0, clouds=[_cloud(rng, 150, 0.08), large]), _poses(rng, 29, False))
+    assert_contacts_match(_pair_model("mesh", 0.0, clouds=[_cloud(rng, 150, 0.08), large]), _poses(rng, 29, False))
 
 
 def _pair_inputs(m: diffmj.Model, d: diffmj.Data):
@@ -120,7 +99,7 @@ def test_vmap_equals_batched(second):
     mjm = _pair_model(second, 0.02, seed=1)
     m = diffmj.put_model(mjm)
     rng = np.random.default_rng(3)
-    inputs = [_pair_inputs(m, d) for _, d in _states(mjm, m, [*_poses(rng, 4, True), *_poses(rng, 4, False)])]
+    inputs = [_pair_inputs(m, d) for _, d in mujoco_states(mjm, m, [*_poses(rng, 4, True), *_poses(rng, 4, False)])]
     fn, first = (box_mesh, lambda p, mesh: p[0]) if second == "box" else (mesh_mesh, lambda p, mesh: mesh(0))
     cat = lambda parts: type(parts[0])(*(cat(x) if isinstance(x[0], tuple) else torch.cat(x)  # noqa: E731
                                           for x in zip(*parts)))
@@ -138,7 +117,7 @@ def test_vmap_over_data_equals_loop():
     """collision vmapped over a batch of Data equals collision of each Data."""
     mjm = _pair_model("box", 0.02, seed=1)
     m = diffmj.put_model(mjm)
-    ds = [d for _, d in _states(mjm, m, _poses(np.random.default_rng(3), 4, True))]
+    ds = [d for _, d in mujoco_states(mjm, m, _poses(np.random.default_rng(3), 4, True))]
     mapped = torch.vmap(lambda d: collision(m, d).contact)(torch.stack(ds))
     assert torch.isfinite(mapped.dist).sum() >= 4
     for i, d in enumerate(ds):
@@ -220,8 +199,8 @@ def test_gradcheck(case):
 def test_other_mesh_pairs_refused_by_name():
     xml = """<mujoco><asset><mesh name="m" vertex="0 0 0 1 0 0 0 1 0 0 0 1"/></asset><worldbody>
       <body><freejoint/><geom name="hull" type="mesh" mesh="m"/></body>
-      <body><freejoint/><geom name="rod" type="capsule" size=".1 .2"/></body></worldbody></mujoco>"""
-    with pytest.raises(NotImplementedError, match="geom pair 'rod' \\(capsule\\) - 'hull' \\(mesh\\): collision"):
+      <body><freejoint/><geom name="egg" type="ellipsoid" size=".1 .2 .1"/></body></worldbody></mujoco>"""
+    with pytest.raises(NotImplementedError, match="geom pair 'egg' \\(ellipsoid\\) - 'hull' \\(mesh\\): collision"):
         diffmj.put_model(mujoco.MjModel.from_xml_string(xml))
 
 

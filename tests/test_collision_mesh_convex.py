@@ -1,0 +1,148 @@
+"""Capsule-mesh (collision/mesh_convex.py) against MuJoCo C (float64).
+
+MuJoCo's GJK / EPA run at ccd_tolerance 1e-14; diffmj's distance of the
+capsule's segment to the hull is exact, so the distances agree to rounding
+(TOL["ccd_dist"] bounds them) and the positions and normals to MuJoCo's
+convergence error (TOL["ccd_contact"]), as for box-mesh and mesh-mesh. The
+meshes are random convex hulls (Gaussian clouds, flattened, so that the
+capsule meets broad faces), the capsule at seeded random poses, or nearly
+horizontal above the hull (its line within 5 degrees of a face: MuJoCo 4's
+two contacts); with and without margin. The poses cover a segment separated
+from the hull (MuJoCo's GJK on the segment) and a segment inside it (GJK /
+EPA on the capsule), against hull faces, edges and vertices.
+"""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+import pytest
+import torch
+
+import diffmj
+from diffmj.collision.common import GeomPose, MeshPose
+from diffmj.collision.driver import collision
+from diffmj.collision.mesh import mesh_shape
+from diffmj.collision.mesh_convex import capsule_mesh
+from diffmj.smooth import kinematics
+from tests.conftest import assert_contacts_match, mujoco_states
+
+
+def _pair_model(margin: float, seed: int = 0, radius: float = 0.03) -> mujoco.MjModel:
+    """A free capsule (geom 0) and a free random mesh (geom 1), bounding filters off."""
+    cloud = np.random.default_rng(seed).standard_normal((20, 3)) * 0.1 * np.array([1, 1, 0.4])
+    xml = f"""<mujoco><option ccd_tolerance="1e-14" ccd_iterations="3000"><flag gravity="disable"/></option>
+      <asset><mesh name="m" vertex="{" ".join(map(str, cloud.ravel()))}"/></asset><worldbody>
+      <body><freejoint/><geom name="rod" type="capsule" size="{radius} .08" margin="{margin}"/></body>
+      <body><freejoint/><geom name="hull" type="mesh" mesh="m"/></body></worldbody></mujoco>"""
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjm.geom_rbound[:] = 100  # poses change per case: disable the bounding filters
+    mjm.geom_aabb[:, 3:] = 100
+    return mjm
+
+
+def _poses(rng, count: int, flat: bool):
+    """qpos of the two free bodies: random, or the capsule nearly horizontal above the hull."""
+    for _ in range(count):
+        if flat:  # the capsule's axis (z) turned about y to lie along x; both tilted by a few degrees
+            quat = np.array([[np.cos(np.pi / 4), 0, np.sin(np.pi / 4), 0], [1, 0, 0, 0]])
+            quat = quat + rng.standard_normal((2, 4)) * 0.02
+            pos = np.array([[*rng.uniform(-0.05, 0.05, 2), rng.uniform(0.0, 0.12)], [0, 0, 0]])
+        else:
+            quat = rng.standard_normal((2, 4))
+            pos = rng.uniform(-0.12, 0.12, (2, 3))
+        yield np.concatenate((pos, quat / np.linalg.norm(quat, axis=1, keepdims=True)), 1).ravel()
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.02])
+@pytest.mark.parametrize("flat", [False, True])
+def test_capsule_mesh_matches_mujoco(margin, flat):
+    counts = assert_contacts_match(_pair_model(margin, seed=int(flat)), _poses(np.random.default_rng(7), 60, flat))
+    # outcomes exercised: misses, single contacts, the capsule's line clipped by a face (two, mostly when flat)
+    assert counts.count(0) > 3 and counts.count(1) > (0 if flat else 10) and counts.count(2) > (20 if flat else 5), \
+        counts
+
+
+def _pair_inputs(m: diffmj.Model, d: diffmj.Data, margin: float):
+    """(the capsule, the mesh as a MeshPose, margin) of the two-geom model, batched over one pair."""
+    plan = m.collision_plan
+    capsule, hull = (GeomPose(d.geom_xpos[[g]], d.geom_xmat[[g]], m.geom_size[[g]]) for g in (0, 1))
+    return capsule, MeshPose(hull, mesh_shape(plan.meshes, plan.geom_mesh[[1]])), torch.full((1,), margin,
+                                                                                           dtype=torch.float64)
+
+
+def test_vmap_equals_batched():
+    """vmap over the pairs (each call sees one pair) equals the batched call, on poses with none, one and
+    two contacts."""
+    mjm = _pair_model(0.02, seed=1)
+    m = diffmj.put_model(mjm)
+    rng = np.random.default_rng(3)
+    inputs = [_pair_inputs(m, d, 0.02) for _, d in mujoco_states(mjm, m, [*_poses(rng, 5, True), *_poses(rng, 5, False)])]
+    cat = lambda parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else \
+        type(parts[0])(*(cat(x) for x in zip(*parts)))  # noqa: E731
+    capsule, hull, margin = (cat([x[k] for x in inputs]) for k in range(3))
+    batched = capsule_mesh(capsule, hull, margin)
+    counts = {int(torch.isfinite(d).sum()) for d in batched.dist}
+    assert counts == {0, 1, 2}, counts
+    for a, b in zip(torch.vmap(capsule_mesh)(capsule, hull, margin), batched):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _emitted(m: diffmj.Model, d: diffmj.Data):
+    def fn(qpos):
+        contact = collision(m, kinematics(m, d.replace(qpos=qpos))).contact
+        finite = torch.isfinite(contact.dist)
+        return torch.where(finite, contact.dist, 0), contact.pos * finite[..., None], \
+            contact.frame * finite[..., None, None]
+    return fn
+
+
+def test_gradients_finite_through_make_and_break():
+    """d(contacts) / d(qpos) is finite as the capsule is lowered through the hull (separated within the
+    margin, touching, the segment outside and inside the hull; one and two contacts), tilted and flat."""
+    mjm = _pair_model(0.02, seed=4)
+    m = diffmj.put_model(mjm)
+    mjd = mujoco.MjData(mjm)
+    rng = np.random.default_rng(6)
+    seen = set()
+    for flat in (False, True):
+        qpos = next(_poses(rng, 1, flat))
+        qpos[7:10] = 0
+        for height in np.linspace(0.15, -0.05, 11):
+            qpos[2] = height
+            mjd.qpos[:] = qpos
+            mujoco.mj_kinematics(mjm, mjd)
+            d = diffmj.put_data(m, mjd)
+            x = d.qpos.clone().requires_grad_()
+            out = _emitted(m, d)(x)
+            seen.add(int(torch.isfinite(collision(m, kinematics(m, d)).contact.dist).sum()))
+            (grad,) = torch.autograd.grad(sum(y.sum() for y in out), x)
+            assert torch.isfinite(grad).all(), f"flat {flat}, height {height}"
+    assert seen == {0, 1, 2}, seen
+
+
+@pytest.mark.parametrize("case", ["separated", "shallow", "deep", "flat"])
+def test_gradcheck(case):
+    """Analytic gradients of the contacts match finite differences at generic poses: the segment
+    separated from the hull with the capsule within the margin, the capsule penetrating with its segment
+    outside the hull (both from the segment's distance) and inside it (separating axes), all one contact;
+    the capsule's line clipped by a face (two)."""
+    margin = 0.02 if case == "separated" else 0.0
+    mjm = _pair_model(margin, seed=1)
+    m = diffmj.put_model(mjm)
+    mjd = mujoco.MjData(mjm)
+    radius = mjm.geom_size[0, 0]
+    want = {"separated": lambda x: x > 1e-3, "shallow": lambda x: -radius + 1e-3 < x < -1e-3,
+            "deep": lambda x: x < -radius - 1e-3, "flat": lambda x: x < -1e-3}[case]
+    count = 2 if case == "flat" else 1
+    for qpos in _poses(np.random.default_rng(12), 200, case == "flat"):  # the first pose that fits the case
+        mjd.qpos[:] = qpos
+        mujoco.mj_forward(mjm, mjd)
+        if mjd.ncon == count and all(want(x) for x in mjd.contact.dist[:count]):
+            break
+    else:
+        raise AssertionError(f"no pose for case {case}")
+    d = diffmj.put_data(m, mjd)
+    qpos = d.qpos.clone().requires_grad_()
+    assert int((_emitted(m, d)(qpos)[0] != 0).sum()) == count
+    assert torch.autograd.gradcheck(_emitted(m, d), (qpos,), eps=1e-7, atol=1e-6)
