@@ -25,20 +25,16 @@ from diffmj.collision.driver import collision
 from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.mesh_convex import capsule_mesh
 from diffmj.smooth import kinematics
-from tests.conftest import assert_contacts_match, mujoco_states
+from tests.conftest import (assert_contacts_match, emitted_contacts, finite_gradients_when_lowered, free_pair_model,
+                            mujoco_states)
 
 
 def _pair_model(margin: float, seed: int = 0, radius: float = 0.03) -> mujoco.MjModel:
     """A free capsule (geom 0) and a free random mesh (geom 1), bounding filters off."""
     cloud = np.random.default_rng(seed).standard_normal((20, 3)) * 0.1 * np.array([1, 1, 0.4])
-    xml = f"""<mujoco><option ccd_tolerance="1e-14" ccd_iterations="3000"><flag gravity="disable"/></option>
-      <asset><mesh name="m" vertex="{" ".join(map(str, cloud.ravel()))}"/></asset><worldbody>
-      <body><freejoint/><geom name="rod" type="capsule" size="{radius} .08" margin="{margin}"/></body>
-      <body><freejoint/><geom name="hull" type="mesh" mesh="m"/></body></worldbody></mujoco>"""
-    mjm = mujoco.MjModel.from_xml_string(xml)
-    mjm.geom_rbound[:] = 100  # poses change per case: disable the bounding filters
-    mjm.geom_aabb[:, 3:] = 100
-    return mjm
+    return free_pair_model(f'<mesh name="m" vertex="{" ".join(map(str, cloud.ravel()))}"/>',
+                           f'<geom name="rod" type="capsule" size="{radius} .08" margin="{margin}"/>',
+                           '<geom name="hull" type="mesh" mesh="m"/>')
 
 
 def _poses(rng, count: int, flat: bool):
@@ -77,7 +73,8 @@ def test_vmap_equals_batched():
     mjm = _pair_model(0.02, seed=1)
     m = diffmj.put_model(mjm)
     rng = np.random.default_rng(3)
-    inputs = [_pair_inputs(m, d, 0.02) for _, d in mujoco_states(mjm, m, [*_poses(rng, 5, True), *_poses(rng, 5, False)])]
+    poses = [*_poses(rng, 5, True), *_poses(rng, 5, False)]
+    inputs = [_pair_inputs(m, d, 0.02) for _, d in mujoco_states(mjm, m, poses)]
     cat = lambda parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else \
         type(parts[0])(*(cat(x) for x in zip(*parts)))  # noqa: E731
     capsule, hull, margin = (cat([x[k] for x in inputs]) for k in range(3))
@@ -88,36 +85,14 @@ def test_vmap_equals_batched():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def _emitted(m: diffmj.Model, d: diffmj.Data):
-    def fn(qpos):
-        contact = collision(m, kinematics(m, d.replace(qpos=qpos))).contact
-        finite = torch.isfinite(contact.dist)
-        return torch.where(finite, contact.dist, 0), contact.pos * finite[..., None], \
-            contact.frame * finite[..., None, None]
-    return fn
-
-
 def test_gradients_finite_through_make_and_break():
     """d(contacts) / d(qpos) is finite as the capsule is lowered through the hull (separated within the
     margin, touching, the segment outside and inside the hull; one and two contacts), tilted and flat."""
-    mjm = _pair_model(0.02, seed=4)
-    m = diffmj.put_model(mjm)
-    mjd = mujoco.MjData(mjm)
     rng = np.random.default_rng(6)
-    seen = set()
-    for flat in (False, True):
-        qpos = next(_poses(rng, 1, flat))
-        qpos[7:10] = 0
-        for height in np.linspace(0.15, -0.05, 11):
-            qpos[2] = height
-            mjd.qpos[:] = qpos
-            mujoco.mj_kinematics(mjm, mjd)
-            d = diffmj.put_data(m, mjd)
-            x = d.qpos.clone().requires_grad_()
-            out = _emitted(m, d)(x)
-            seen.add(int(torch.isfinite(collision(m, kinematics(m, d)).contact.dist).sum()))
-            (grad,) = torch.autograd.grad(sum(y.sum() for y in out), x)
-            assert torch.isfinite(grad).all(), f"flat {flat}, height {height}"
+    poses = [next(_poses(rng, 1, flat)) for flat in (False, True)]
+    for qpos in poses:
+        qpos[7:10] = 0  # the hull at the origin, the capsule lowered onto it
+    seen = finite_gradients_when_lowered(_pair_model(0.02, seed=4), poses, 2, np.linspace(0.15, -0.05, 11))
     assert seen == {0, 1, 2}, seen
 
 
@@ -144,5 +119,5 @@ def test_gradcheck(case):
         raise AssertionError(f"no pose for case {case}")
     d = diffmj.put_data(m, mjd)
     qpos = d.qpos.clone().requires_grad_()
-    assert int((_emitted(m, d)(qpos)[0] != 0).sum()) == count
-    assert torch.autograd.gradcheck(_emitted(m, d), (qpos,), eps=1e-7, atol=1e-6)
+    assert int((emitted_contacts(m, d)(qpos)[0] != 0).sum()) == count
+    assert torch.autograd.gradcheck(emitted_contacts(m, d), (qpos,), eps=1e-7, atol=1e-6)

@@ -26,7 +26,8 @@ from diffmj.collision.driver import collision
 from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.polytope import box_mesh, mesh_mesh
 from diffmj.smooth import kinematics
-from tests.conftest import CCD_TOL, TOL, as_numpy, assert_close, assert_contacts_match, check_stage, mujoco_states
+from tests.conftest import (CCD_TOL, TOL, as_numpy, assert_close, assert_contacts_match, check_stage,
+                            emitted_contacts, finite_gradients_when_lowered, free_pair_model, mujoco_states)
 from tests.test_solver import assert_solution, converged
 
 
@@ -42,13 +43,7 @@ def _pair_model(second: str, margin: float, seed: int = 0, clouds=None) -> mujoc
     assets = "".join(f'<mesh name="m{i}" vertex="{" ".join(map(str, v.ravel()))}"/>' for i, v in enumerate(clouds))
     first = ('<geom name="box" type="box" size=".1 .07 .05"' if second == "box" else
              '<geom name="mesh0" type="mesh" mesh="m0"') + f' margin="{margin}"/>'
-    xml = f"""<mujoco><option ccd_tolerance="1e-14" ccd_iterations="3000"><flag gravity="disable"/></option>
-      <asset>{assets}</asset><worldbody><body><freejoint/>{first}</body>
-      <body><freejoint/><geom name="mesh1" type="mesh" mesh="m1"/></body></worldbody></mujoco>"""
-    mjm = mujoco.MjModel.from_xml_string(xml)
-    mjm.geom_rbound[:] = 100  # poses change per case: disable the bounding filters
-    mjm.geom_aabb[:, 3:] = 100
-    return mjm
+    return free_pair_model(assets, first, '<geom name="mesh1" type="mesh" mesh="m1"/>')
 
 
 def _poses(rng, count: int, flat: bool):
@@ -142,36 +137,13 @@ def test_compiled_equals_eager():
                                    equal_nan=True)
 
 
-def _emitted(m: diffmj.Model, d: diffmj.Data):
-    def fn(qpos):
-        contact = collision(m, kinematics(m, d.replace(qpos=qpos))).contact
-        finite = torch.isfinite(contact.dist)
-        return torch.where(finite, contact.dist, 0), contact.pos * finite[..., None], \
-            contact.frame * finite[..., None, None]
-    return fn
-
-
 @pytest.mark.parametrize("second", ["mesh", "box"])
 def test_gradients_finite_through_make_and_break(second):
     """d(contacts) / d(qpos) is finite as one geom is lowered through the other (separated within the
     margin, touching, penetrating; single, edge and face contacts) in tilted and flat poses."""
-    mjm = _pair_model(second, 0.02, seed=4)
-    m = diffmj.put_model(mjm)
-    mjd = mujoco.MjData(mjm)
     rng = np.random.default_rng(5)
-    seen = set()
-    for flat in (False, True):
-        qpos = next(_poses(rng, 1, flat))
-        for height in np.linspace(0.15, -0.05, 9):
-            qpos[9] = height
-            mjd.qpos[:] = qpos
-            mujoco.mj_kinematics(mjm, mjd)
-            d = diffmj.put_data(m, mjd)
-            x = d.qpos.clone().requires_grad_()
-            out = _emitted(m, d)(x)
-            seen.add(int(torch.isfinite(collision(m, kinematics(m, d)).contact.dist).sum()))
-            (grad,) = torch.autograd.grad(sum(y.sum() for y in out), x)
-            assert torch.isfinite(grad).all(), f"flat {flat}, height {height}"
+    poses = [next(_poses(rng, 1, flat)) for flat in (False, True)]
+    seen = finite_gradients_when_lowered(_pair_model(second, 0.02, seed=4), poses, 9, np.linspace(0.15, -0.05, 9))
     assert {0, 1} <= seen and max(seen) >= 2
 
 
@@ -192,8 +164,8 @@ def test_gradcheck(case):
             break
     d = diffmj.put_data(m, mjd)
     qpos = d.qpos.clone().requires_grad_()
-    assert int((_emitted(m, d)(qpos)[0] != 0).sum()) == count
-    assert torch.autograd.gradcheck(_emitted(m, d), (qpos,), eps=1e-7, atol=1e-6)
+    assert int((emitted_contacts(m, d)(qpos)[0] != 0).sum()) == count
+    assert torch.autograd.gradcheck(emitted_contacts(m, d), (qpos,), eps=1e-7, atol=1e-6)
 
 
 def test_other_mesh_pairs_refused_by_name():

@@ -82,7 +82,7 @@ def make_candidates(
     return Candidates(torch.where(valid, dist, torch.inf), pos, normal, tangent)
 
 
-def single_or_multi(single: tuple[Tensor, Tensor, Tensor, Tensor], multi: tuple[Tensor, ...], margin: Tensor) -> Candidates:
+def single_or_multi(single: tuple[Tensor, ...], multi: tuple[Tensor, ...], margin: Tensor) -> Candidates:
     """mjc_Convex's contacts [n, k]: the multi-contact ones where they are used, else the single one.
 
     ``single``: (dist [n], pos [n, 3], normal [n, 3], emitted [n]); ``multi``: (use [n], dist [n, k],
