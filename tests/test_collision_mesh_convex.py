@@ -25,8 +25,10 @@ from diffmj.collision.driver import collision
 from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.mesh_convex import capsule_mesh
 from diffmj.smooth import kinematics
-from tests.conftest import (assert_contacts_match, emitted_contacts, finite_gradients_when_lowered, free_pair_model,
+from tests.conftest import (TOL, assert_contacts_match, emitted_contacts, finite_gradients_when_lowered, free_pair_model,
                             mujoco_states)
+from tests.test_collision_polytope import assert_grasp_matches, closed_grasp
+from tests.test_solver import converged
 
 
 def _pair_model(margin: float, seed: int = 0, radius: float = 0.03) -> mujoco.MjModel:
@@ -121,3 +123,52 @@ def test_gradcheck(case):
     qpos = d.qpos.clone().requires_grad_()
     assert int((emitted_contacts(m, d)(qpos)[0] != 0).sum()) == count
     assert torch.autograd.gradcheck(emitted_contacts(m, d), (qpos,), eps=1e-7, atol=1e-6)
+
+
+@pytest.mark.slow  # the compile takes minutes on the loaded 2-core machine
+def test_compiled_equals_eager():
+    """collision compiled (fullgraph) equals eager at a pose with two contacts."""
+    mjm = _pair_model(0.02, seed=1)
+    m = diffmj.put_model(mjm)
+    mjd, d = next(mujoco_states(mjm, m, _poses(np.random.default_rng(3), 1, True)))
+    compiled = torch.compile(lambda d: collision(m, d).contact, fullgraph=True)(d)
+    eager = collision(m, d).contact
+    assert mjd.ncon == 2 and torch.isfinite(eager.dist).sum() == 2
+    for name in ("dist", "pos", "frame", "active"):
+        torch.testing.assert_close(getattr(compiled, name), getattr(eager, name), rtol=0, atol=TOL["compiled"],
+                                   equal_nan=True)
+
+
+# Two capsule fingers (each a capsule and a tilted capsule) on slide joints, position-controlled, closing on a
+# mesh object on the floor.
+FINGERS = """
+<mujoco><option timestep="0.004" ccd_tolerance="1e-14" ccd_iterations="3000"/>
+  <asset><mesh name="object" vertex="{object}"/></asset>
+  <worldbody><geom type="plane" size="1 1 .1"/>
+    <body name="object" pos="0 0 .03"><freejoint/><geom type="mesh" mesh="object" density="300"/></body>
+    <body name="palm" pos="0 0 .05">
+      <body pos=".07 0 0"><joint name="left" type="slide" axis="1 0 0" damping="2"/>
+        <geom type="capsule" size=".008 .035"/><geom type="capsule" size=".008 .03" pos="0 0 -.03" euler="0 80 10"/>
+      </body>
+      <body pos="-.07 0 0"><joint name="right" type="slide" axis="1 0 0" damping="2"/>
+        <geom type="capsule" size=".008 .035" euler="5 0 0"/><geom type="capsule" size=".008 .03" pos="0 0 .02"
+                                                                  euler="85 0 0"/>
+      </body>
+    </body>
+  </worldbody>
+  <actuator><position joint="left" kp="200" ctrlrange="-.1 .1"/><position joint="right" kp="200" ctrlrange="-.1 .1"/>
+  </actuator>
+</mujoco>"""
+
+
+def test_capsule_fingers_match_mujoco():
+    """The fingers closed on the object (MuJoCo C states, 150 steps): contacts, the constraint solution,
+    and 5 steps of diffmj against 5 of MuJoCo C from there."""
+    obj = np.random.default_rng(9).standard_normal((14, 3)) * 0.03 * np.array([1, 1, 0.4])
+    mjm = converged(mujoco.MjModel.from_xml_string(FINGERS.format(object=" ".join(map(str, obj.ravel())))))
+    mjd = closed_grasp(mjm)
+    capsule_mesh_contacts = sum(sorted(mjm.geom_type[c.geom]) == [mujoco.mjtGeom.mjGEOM_CAPSULE,
+                                                                   mujoco.mjtGeom.mjGEOM_MESH]
+                                for c in mjd.contact[:mjd.ncon])
+    assert capsule_mesh_contacts >= 3, capsule_mesh_contacts
+    assert_grasp_matches(mjm, mjd)

@@ -202,17 +202,18 @@ def _gripper() -> mujoco.MjModel:
                                                          object=" ".join(map(str, obj.ravel()))))
 
 
-def test_gripper_matches_mujoco():
-    """The fingers closed on the object (MuJoCo C states, 150 steps): contacts, the constraint solution,
-    and 5 steps of diffmj against 5 of MuJoCo C from there."""
-    mjm = converged(_gripper())
+def closed_grasp(mjm: mujoco.MjModel) -> mujoco.MjData:
+    """MuJoCo C's state after 150 steps of a two-finger grasp model (ctrl -0.06, 0.06: closing)."""
     mjd = mujoco.MjData(mjm)
     mjd.ctrl[:] = [-0.06, 0.06]
     for _ in range(150):
         mujoco.mj_step(mjm, mjd)
     mujoco.mj_forward(mjm, mjd)
-    pairs = {tuple(sorted(mjm.geom_type[c.geom])) for c in mjd.contact[:mjd.ncon]}
-    assert (mujoco.mjtGeom.mjGEOM_MESH,) * 2 in pairs and mjd.ncon >= 4, pairs
+    return mjd
+
+
+def assert_grasp_matches(mjm: mujoco.MjModel, mjd: mujoco.MjData) -> None:
+    """At MuJoCo C's state: contacts, the constraint solution, and 5 steps of diffmj against 5 of MuJoCo C."""
     m = diffmj.put_model(mjm)
     check_stage(collision, m, mjd, ("contact",), tol=CCD_TOL)
     d = diffmj.put_data(m, mjd)
@@ -222,3 +223,13 @@ def test_gripper_matches_mujoco():
         mujoco.mj_step(mjm, mjd)
     assert_close("qpos", as_numpy(d.qpos), mjd.qpos, TOL["ccd_contact"])
     assert_close("qvel", as_numpy(d.qvel), mjd.qvel, TOL["ccd_contact"])
+
+
+def test_gripper_matches_mujoco():
+    """The fingers closed on the object (MuJoCo C states, 150 steps): contacts, the constraint solution,
+    and 5 steps of diffmj against 5 of MuJoCo C from there."""
+    mjm = converged(_gripper())
+    mjd = closed_grasp(mjm)
+    pairs = {tuple(sorted(mjm.geom_type[c.geom])) for c in mjd.contact[:mjd.ncon]}
+    assert (mujoco.mjtGeom.mjGEOM_MESH,) * 2 in pairs and mjd.ncon >= 4, pairs
+    assert_grasp_matches(mjm, mjd)
