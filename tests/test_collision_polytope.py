@@ -171,8 +171,8 @@ def test_gradcheck(case):
 def test_other_mesh_pairs_refused_by_name():
     xml = """<mujoco><asset><mesh name="m" vertex="0 0 0 1 0 0 0 1 0 0 0 1"/></asset><worldbody>
       <body><freejoint/><geom name="hull" type="mesh" mesh="m"/></body>
-      <body><freejoint/><geom name="egg" type="ellipsoid" size=".1 .2 .1"/></body></worldbody></mujoco>"""
-    with pytest.raises(NotImplementedError, match="geom pair 'egg' \\(ellipsoid\\) - 'hull' \\(mesh\\): collision"):
+      <body><freejoint/><geom name="can" type="cylinder" size=".1 .2"/></body></worldbody></mujoco>"""
+    with pytest.raises(NotImplementedError, match="geom pair 'can' \\(cylinder\\) - 'hull' \\(mesh\\): collision"):
         diffmj.put_model(mujoco.MjModel.from_xml_string(xml))
 
 
