@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import diffmj
+from diffmj.collision.driver import collision
+from diffmj.smooth import kinematics
 
 # The test models are small: one thread avoids MKL's threading overhead on tiny
 # matrices, which is large when the machine's other core is busy.
@@ -313,3 +315,68 @@ def check_stage(stage, m, mjd, writes, tol: float | dict = TOL["smooth"], d=None
             actual, theirs = torch.where(mask, after[name], 0), torch.where(mask, expected[name], 0)
             assert_close(name, actual, theirs, _tol(tol, name), empty_ok)
     return out
+
+
+# contacts of MuJoCo's GJK / EPA (mjc_Convex, at ccd_tolerance 1e-14) against diffmj's exact ones
+CCD_TOL = {"contact.dist": TOL["ccd_dist"], "contact.pos": TOL["ccd_contact"], "contact.frame": TOL["ccd_contact"]}
+
+
+def mujoco_states(mjm: mujoco.MjModel, m: diffmj.Model, poses):
+    """(MuJoCo's data after mj_forward, diffmj's data) at each qpos of ``poses``."""
+    mjd = mujoco.MjData(mjm)
+    for qpos in poses:
+        mjd.qpos[:] = qpos
+        mujoco.mj_forward(mjm, mjd)
+        yield mjd, diffmj.put_data(m, mjd)
+
+
+def assert_contacts_match(mjm: mujoco.MjModel, poses, tol: float | dict = CCD_TOL) -> list[int]:
+    """Contacts of each pose against MuJoCo's; returns MuJoCo's contact counts."""
+    m = diffmj.put_model(mjm)
+    counts = []
+    for mjd, d in mujoco_states(mjm, m, poses):
+        counts.append(mjd.ncon)
+        compare_contacts(m, collision(m, d), mjd, tol=tol)
+    return counts
+
+
+def free_pair_model(assets: str, geom0: str, geom1: str) -> mujoco.MjModel:
+    """Two free bodies with one geom each (MJCF ``<geom>`` elements), no gravity, MuJoCo's GJK / EPA at
+    ccd_tolerance 1e-14, bounding filters off (the tests pose the bodies anywhere)."""
+    xml = f"""<mujoco><option ccd_tolerance="1e-14" ccd_iterations="3000"><flag gravity="disable"/></option>
+      <asset>{assets}</asset><worldbody><body><freejoint/>{geom0}</body>
+      <body><freejoint/>{geom1}</body></worldbody></mujoco>"""
+    mjm = mujoco.MjModel.from_xml_string(xml)
+    mjm.geom_rbound[:] = 100
+    mjm.geom_aabb[:, 3:] = 100
+    return mjm
+
+
+def emitted_contacts(m: diffmj.Model, d: diffmj.Data):
+    """qpos -> the emitted contacts' (dist, pos, frame), zero in empty slots (finite, for gradients)."""
+    def fn(qpos):
+        contact = collision(m, kinematics(m, d.replace(qpos=qpos))).contact
+        finite = torch.isfinite(contact.dist)
+        return torch.where(finite, contact.dist, 0), contact.pos * finite[..., None], \
+            contact.frame * finite[..., None, None]
+    return fn
+
+
+def finite_gradients_when_lowered(mjm: mujoco.MjModel, poses, height: int, heights) -> set[int]:
+    """For each qpos of ``poses``, with qpos[height] set to each of ``heights``: asserts that the emitted
+    contacts' gradient with respect to qpos is finite; returns the contact counts met."""
+    m = diffmj.put_model(mjm)
+    mjd = mujoco.MjData(mjm)
+    seen = set()
+    for qpos in poses:
+        for z in heights:
+            qpos[height] = z
+            mjd.qpos[:] = qpos
+            mujoco.mj_kinematics(mjm, mjd)
+            d = diffmj.put_data(m, mjd)
+            x = d.qpos.clone().requires_grad_()
+            out = emitted_contacts(m, d)(x)
+            seen.add(int(torch.isfinite(collision(m, kinematics(m, d)).contact.dist).sum()))
+            (grad,) = torch.autograd.grad(sum(y.sum() for y in out), x)
+            assert torch.isfinite(grad).all(), f"qpos {qpos}"
+    return seen

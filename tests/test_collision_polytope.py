@@ -26,10 +26,9 @@ from diffmj.collision.driver import collision
 from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.polytope import box_mesh, mesh_mesh
 from diffmj.smooth import kinematics
-from tests.conftest import TOL, as_numpy, assert_close, check_stage, compare_contacts
+from tests.conftest import (CCD_TOL, TOL, as_numpy, assert_close, assert_contacts_match, check_stage,
+                            emitted_contacts, finite_gradients_when_lowered, free_pair_model, mujoco_states)
 from tests.test_solver import assert_solution, converged
-
-CCD_TOL = {"contact.dist": TOL["ccd_dist"], "contact.pos": TOL["ccd_contact"], "contact.frame": TOL["ccd_contact"]}
 
 
 def _cloud(rng, count: int, scale: float) -> np.ndarray:
@@ -44,13 +43,7 @@ def _pair_model(second: str, margin: float, seed: int = 0, clouds=None) -> mujoc
     assets = "".join(f'<mesh name="m{i}" vertex="{" ".join(map(str, v.ravel()))}"/>' for i, v in enumerate(clouds))
     first = ('<geom name="box" type="box" size=".1 .07 .05"' if second == "box" else
              '<geom name="mesh0" type="mesh" mesh="m0"') + f' margin="{margin}"/>'
-    xml = f"""<mujoco><option ccd_tolerance="1e-14" ccd_iterations="3000"><flag gravity="disable"/></option>
-      <asset>{assets}</asset><worldbody><body><freejoint/>{first}</body>
-      <body><freejoint/><geom name="mesh1" type="mesh" mesh="m1"/></body></worldbody></mujoco>"""
-    mjm = mujoco.MjModel.from_xml_string(xml)
-    mjm.geom_rbound[:] = 100  # poses change per case: disable the bounding filters
-    mjm.geom_aabb[:, 3:] = 100
-    return mjm
+    return free_pair_model(assets, first, '<geom name="mesh1" type="mesh" mesh="m1"/>')
 
 
 def _poses(rng, count: int, flat: bool):
@@ -65,31 +58,12 @@ def _poses(rng, count: int, flat: bool):
         yield np.concatenate((pos, quat / np.linalg.norm(quat, axis=1, keepdims=True)), 1).ravel()
 
 
-def _states(mjm: mujoco.MjModel, m: diffmj.Model, poses):
-    """(MuJoCo's data after mj_forward, diffmj's data) at each qpos of ``poses``."""
-    mjd = mujoco.MjData(mjm)
-    for qpos in poses:
-        mjd.qpos[:] = qpos
-        mujoco.mj_forward(mjm, mjd)
-        yield mjd, diffmj.put_data(m, mjd)
-
-
-def _assert_matches(mjm: mujoco.MjModel, poses) -> list[int]:
-    """Contacts of each pose against MuJoCo's; returns MuJoCo's contact counts."""
-    m = diffmj.put_model(mjm)
-    counts = []
-    for mjd, d in _states(mjm, m, poses):
-        counts.append(mjd.ncon)
-        compare_contacts(m, collision(m, d), mjd, tol=CCD_TOL)
-    return counts
-
-
 @pytest.mark.parametrize("margin", [0.0, 0.02])
 @pytest.mark.parametrize("second", ["mesh", "box"])
 @pytest.mark.parametrize("flat", [False, True])
 def test_matches_mujoco(second, margin, flat):
     mjm = _pair_model(second, margin, seed=int(flat) + 2 * (second == "box"))
-    counts = _assert_matches(mjm, _poses(np.random.default_rng(7), 60, flat))
+    counts = assert_contacts_match(mjm, _poses(np.random.default_rng(7), 60, flat))
     # outcomes exercised: single contacts, edge-face pairs; face-face quads when flat, misses when not
     assert counts.count(1) > 5 and counts.count(2) > 3
     assert counts.count(4) >= 3 if flat else counts.count(0) > 3
@@ -102,7 +76,7 @@ def test_large_meshes_match_mujoco():
     vertices alone changes the depth of the last of these poses by 5e-6."""
     rng = np.random.default_rng(6)
     large = _cloud(rng, 200, 0.1)
-    _assert_matches(_pair_model("mesh", 0.0, clouds=[_cloud(rng, 150, 0.08), large]), _poses(rng, 29, False))
+    assert_contacts_match(_pair_model("mesh", 0.0, clouds=[_cloud(rng, 150, 0.08), large]), _poses(rng, 29, False))
 
 
 def _pair_inputs(m: diffmj.Model, d: diffmj.Data):
@@ -120,7 +94,7 @@ def test_vmap_equals_batched(second):
     mjm = _pair_model(second, 0.02, seed=1)
     m = diffmj.put_model(mjm)
     rng = np.random.default_rng(3)
-    inputs = [_pair_inputs(m, d) for _, d in _states(mjm, m, [*_poses(rng, 4, True), *_poses(rng, 4, False)])]
+    inputs = [_pair_inputs(m, d) for _, d in mujoco_states(mjm, m, [*_poses(rng, 4, True), *_poses(rng, 4, False)])]
     fn, first = (box_mesh, lambda p, mesh: p[0]) if second == "box" else (mesh_mesh, lambda p, mesh: mesh(0))
     cat = lambda parts: type(parts[0])(*(cat(x) if isinstance(x[0], tuple) else torch.cat(x)  # noqa: E731
                                           for x in zip(*parts)))
@@ -138,7 +112,7 @@ def test_vmap_over_data_equals_loop():
     """collision vmapped over a batch of Data equals collision of each Data."""
     mjm = _pair_model("box", 0.02, seed=1)
     m = diffmj.put_model(mjm)
-    ds = [d for _, d in _states(mjm, m, _poses(np.random.default_rng(3), 4, True))]
+    ds = [d for _, d in mujoco_states(mjm, m, _poses(np.random.default_rng(3), 4, True))]
     mapped = torch.vmap(lambda d: collision(m, d).contact)(torch.stack(ds))
     assert torch.isfinite(mapped.dist).sum() >= 4
     for i, d in enumerate(ds):
@@ -163,36 +137,13 @@ def test_compiled_equals_eager():
                                    equal_nan=True)
 
 
-def _emitted(m: diffmj.Model, d: diffmj.Data):
-    def fn(qpos):
-        contact = collision(m, kinematics(m, d.replace(qpos=qpos))).contact
-        finite = torch.isfinite(contact.dist)
-        return torch.where(finite, contact.dist, 0), contact.pos * finite[..., None], \
-            contact.frame * finite[..., None, None]
-    return fn
-
-
 @pytest.mark.parametrize("second", ["mesh", "box"])
 def test_gradients_finite_through_make_and_break(second):
     """d(contacts) / d(qpos) is finite as one geom is lowered through the other (separated within the
     margin, touching, penetrating; single, edge and face contacts) in tilted and flat poses."""
-    mjm = _pair_model(second, 0.02, seed=4)
-    m = diffmj.put_model(mjm)
-    mjd = mujoco.MjData(mjm)
     rng = np.random.default_rng(5)
-    seen = set()
-    for flat in (False, True):
-        qpos = next(_poses(rng, 1, flat))
-        for height in np.linspace(0.15, -0.05, 9):
-            qpos[9] = height
-            mjd.qpos[:] = qpos
-            mujoco.mj_kinematics(mjm, mjd)
-            d = diffmj.put_data(m, mjd)
-            x = d.qpos.clone().requires_grad_()
-            out = _emitted(m, d)(x)
-            seen.add(int(torch.isfinite(collision(m, kinematics(m, d)).contact.dist).sum()))
-            (grad,) = torch.autograd.grad(sum(y.sum() for y in out), x)
-            assert torch.isfinite(grad).all(), f"flat {flat}, height {height}"
+    poses = [next(_poses(rng, 1, flat)) for flat in (False, True)]
+    seen = finite_gradients_when_lowered(_pair_model(second, 0.02, seed=4), poses, 9, np.linspace(0.15, -0.05, 9))
     assert {0, 1} <= seen and max(seen) >= 2
 
 
@@ -213,15 +164,15 @@ def test_gradcheck(case):
             break
     d = diffmj.put_data(m, mjd)
     qpos = d.qpos.clone().requires_grad_()
-    assert int((_emitted(m, d)(qpos)[0] != 0).sum()) == count
-    assert torch.autograd.gradcheck(_emitted(m, d), (qpos,), eps=1e-7, atol=1e-6)
+    assert int((emitted_contacts(m, d)(qpos)[0] != 0).sum()) == count
+    assert torch.autograd.gradcheck(emitted_contacts(m, d), (qpos,), eps=1e-7, atol=1e-6)
 
 
 def test_other_mesh_pairs_refused_by_name():
     xml = """<mujoco><asset><mesh name="m" vertex="0 0 0 1 0 0 0 1 0 0 0 1"/></asset><worldbody>
       <body><freejoint/><geom name="hull" type="mesh" mesh="m"/></body>
-      <body><freejoint/><geom name="rod" type="capsule" size=".1 .2"/></body></worldbody></mujoco>"""
-    with pytest.raises(NotImplementedError, match="geom pair 'rod' \\(capsule\\) - 'hull' \\(mesh\\): collision"):
+      <body><freejoint/><geom name="can" type="cylinder" size=".1 .2"/></body></worldbody></mujoco>"""
+    with pytest.raises(NotImplementedError, match="geom pair 'can' \\(cylinder\\) - 'hull' \\(mesh\\): collision"):
         diffmj.put_model(mujoco.MjModel.from_xml_string(xml))
 
 
@@ -251,17 +202,18 @@ def _gripper() -> mujoco.MjModel:
                                                          object=" ".join(map(str, obj.ravel()))))
 
 
-def test_gripper_matches_mujoco():
-    """The fingers closed on the object (MuJoCo C states, 150 steps): contacts, the constraint solution,
-    and 5 steps of diffmj against 5 of MuJoCo C from there."""
-    mjm = converged(_gripper())
+def closed_grasp(mjm: mujoco.MjModel) -> mujoco.MjData:
+    """MuJoCo C's state after 150 steps of a two-finger grasp model (ctrl -0.06, 0.06: closing)."""
     mjd = mujoco.MjData(mjm)
     mjd.ctrl[:] = [-0.06, 0.06]
     for _ in range(150):
         mujoco.mj_step(mjm, mjd)
     mujoco.mj_forward(mjm, mjd)
-    pairs = {tuple(sorted(mjm.geom_type[c.geom])) for c in mjd.contact[:mjd.ncon]}
-    assert (mujoco.mjtGeom.mjGEOM_MESH,) * 2 in pairs and mjd.ncon >= 4, pairs
+    return mjd
+
+
+def assert_grasp_matches(mjm: mujoco.MjModel, mjd: mujoco.MjData) -> None:
+    """At MuJoCo C's state: contacts, the constraint solution, and 5 steps of diffmj against 5 of MuJoCo C."""
     m = diffmj.put_model(mjm)
     check_stage(collision, m, mjd, ("contact",), tol=CCD_TOL)
     d = diffmj.put_data(m, mjd)
@@ -271,3 +223,13 @@ def test_gripper_matches_mujoco():
         mujoco.mj_step(mjm, mjd)
     assert_close("qpos", as_numpy(d.qpos), mjd.qpos, TOL["ccd_contact"])
     assert_close("qvel", as_numpy(d.qvel), mjd.qvel, TOL["ccd_contact"])
+
+
+def test_gripper_matches_mujoco():
+    """The fingers closed on the object (MuJoCo C states, 150 steps): contacts, the constraint solution,
+    and 5 steps of diffmj against 5 of MuJoCo C from there."""
+    mjm = converged(_gripper())
+    mjd = closed_grasp(mjm)
+    pairs = {tuple(sorted(mjm.geom_type[c.geom])) for c in mjd.contact[:mjd.ncon]}
+    assert (mujoco.mjtGeom.mjGEOM_MESH,) * 2 in pairs and mjd.ncon >= 4, pairs
+    assert_grasp_matches(mjm, mjd)

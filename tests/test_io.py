@@ -91,7 +91,7 @@ def test_model_is_a_pytree():
 CONVEX_PAIR = ('<body><freejoint/><geom name="a" type="capsule" size=".1 .2"/></body>'
                '<body pos="1 0 0"><freejoint/><geom name="b" type="cylinder" size=".1 .2"/></body>')
 REFUSED = {
-    "mesh pair": '<body><freejoint/><geom name="a" type="capsule" size=".1 .2"/></body>'
+    "mesh pair": '<body><freejoint/><geom name="a" type="cylinder" size=".1 .2"/></body>'
     '<body pos="1 0 0"><freejoint/><geom name="b" type="mesh" mesh="tetra"/></body>',
     "multiccd": CONVEX_PAIR,
     "nativeccd": CONVEX_PAIR,
@@ -114,7 +114,7 @@ OPTION = {
     "nativeccd": '<option><flag nativeccd="disable"/></option>',
 }
 MESSAGE = {
-    "mesh pair": "geom pair 'a' \\(capsule\\) - 'b' \\(mesh\\): collision",
+    "mesh pair": "geom pair 'a' \\(cylinder\\) - 'b' \\(mesh\\): collision",
     "multiccd": "flag 'multiccd' disabled for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
     "nativeccd": "flag 'nativeccd' disabled \\(libccd\\) for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
     "sensors": "sensor 'u': type 'user'",

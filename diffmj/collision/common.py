@@ -83,6 +83,24 @@ def make_candidates(
     return Candidates(torch.where(valid, dist, torch.inf), pos, normal, tangent)
 
 
+def single_or_multi(single: tuple[Tensor, ...], multi: tuple[Tensor, ...], margin: Tensor) -> Candidates:
+    """mjc_Convex's contacts [n, k]: the multi-contact ones where they are used, else the single one.
+
+    ``single``: (dist [n], pos [n, 3], normal [n, 3], emitted [n]); ``multi``: (use [n], dist [n, k],
+    pos [n, k, 3], normal [n, k, 3], count [n]). The multi-contacts are used only where one of the
+    ``count`` listed is within the margin [n], and only where the single contact is emitted.
+    """
+    dist, pos, normal, emitted = single
+    use, mdist, mpos, mnormal, count = multi
+    slots = torch.arange(mdist.shape[-1], device=mdist.device)
+    listed = slots < count[..., None]
+    use = use & (torch.where(listed, mdist, torch.inf).amin(-1) < margin)
+    valid = emitted[..., None] & torch.where(use[..., None], listed, slots == 0)
+    return make_candidates(valid, torch.where(use[..., None], mdist, dist[..., None]),
+                           torch.where(use[..., None, None], mpos, pos[..., None, :]),
+                           torch.where(use[..., None, None], mnormal, normal[..., None, :]))
+
+
 def select(cond: Tensor, a: tuple[Tensor, ...], b: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     """torch.where over matching tuples of tensors; cond [...] broadcasts over trailing dims."""
     return tuple(

@@ -12,7 +12,7 @@ from typing import Callable, NamedTuple
 
 from torch import Tensor
 
-from diffmj.collision import box, convex, mesh, polytope, primitive
+from diffmj.collision import box, convex, mesh, mesh_convex, polytope, primitive
 from diffmj.collision.common import Candidates, GeomPose, MeshPose
 from diffmj.enums import GeomType
 
@@ -56,6 +56,8 @@ COLLIDERS: dict[tuple[GeomType, GeomType], Collider] = {
     (_G.SPHERE, _G.CYLINDER): Collider(primitive.sphere_cylinder, 1),
     (_G.SPHERE, _G.BOX): Collider(primitive.sphere_box, 1),
     (_G.CAPSULE, _G.CAPSULE): Collider(primitive.capsule_capsule, 2),
+    (_G.CAPSULE, _G.MESH): Collider(mesh_convex.capsule_mesh, mesh_convex.CAPSULE_CONTACTS, general_convex=True),
+    (_G.ELLIPSOID, _G.MESH): Collider(mesh_convex.ellipsoid_mesh, 1, general_convex=True),
     (_G.CAPSULE, _G.BOX): Collider(primitive.capsule_box, 2),  # MuJoCo 4 emits at most two (mj_maxContact: four)
     (_G.BOX, _G.BOX): Collider(box.box_box, 8),
     (_G.BOX, _G.MESH): Collider(polytope.box_mesh, polytope.MAX_CONTACTS, general_convex=True),

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from diffmj import workarounds  # the module, not its names: it imports diffmj.types, which imports this
-from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_candidates
+from diffmj.collision.common import Candidates, GeomPose, MeshPose, single_or_multi
 from diffmj.collision.convex import BOX_FACES, clip_contacts, fibonacci_directions, multicontact_choice
 from diffmj.collision.mesh import facet_edges, incident_edges
 from diffmj.math import cross, dot, mat_vec
@@ -99,7 +99,7 @@ def _box_polytope(box: GeomPose) -> Polytope:
                     long(_BOX_EDGE_FACETS), long(_BOX_INCIDENT))
 
 
-def _mesh_polytope(mesh_geom: MeshPose) -> Polytope:
+def mesh_polytope(mesh_geom: MeshPose) -> Polytope:
     """A mesh hull as a polytope; polygons in MuJoCo's clipping order (meshFace: reversed)."""
     pose, shape = mesh_geom
     # vertices off MuJoCo's hull moved to the hull's centroid, where they support no direction
@@ -127,7 +127,7 @@ def _at(x: Tensor, index: Tensor) -> Tensor:
     return rows.reshape(*index.shape, *x.shape[2:])
 
 
-def _facet_planes(p: Polytope) -> tuple[Tensor, Tensor, Tensor]:
+def facet_planes(p: Polytope) -> tuple[Tensor, Tensor, Tensor]:
     """Outward unit normals [n, T, 3], plane offsets [n, T] and validity [n, T] of the triangles."""
     corner = _at(p.vert, p.facet)  # [n, T, 3, 3]
     normal = cross(corner[..., 1, :] - corner[..., 0, :], corner[..., 2, :] - corner[..., 0, :])
@@ -249,8 +249,8 @@ def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours
 
 def _separating_axis(p1: Polytope, p2: Polytope) -> _Axis:
     """The axis of least overlap (most separation) among the triangle normals and the edge pairs."""
-    n1, off1, ok1 = _facet_planes(p1)
-    n2, off2, ok2 = _facet_planes(p2)
+    n1, off1, ok1 = facet_planes(p1)
+    n2, off2, ok2 = facet_planes(p2)
     # a triangle normal m of one geom: separation min over the other's vertices of (v . m) - offset
     around1, around2 = _neighbours(p1), _neighbours(p2)
     lowest2, lowest1 = _lowest(p2, around2, n1), _lowest(p1, around1, n2)
@@ -471,7 +471,7 @@ def _nearest_on_lines(ends1: Tensor, ends2: Tensor) -> tuple[Tensor, Tensor]:
 # ---------------------------------------------------------------- multi-contact
 
 
-def _face_normals(p: Polytope, dim: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def face_normals(p: Polytope, dim: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """MuJoCo's meshNormals / boxNormals: the polygons of a feature (of a vertex: all at it; of an
     edge: those at both ends, at most 2; of a face: the first at all three). Normals [n, P, 3],
     polygon ids [n, P], validity [n, P], in MuJoCo's order."""
@@ -495,7 +495,7 @@ def _edges(p: Polytope, dim: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tenso
     return start, ends, _unit(ends - start[..., None, :]), valid
 
 
-def _polygon(p: Polytope, poly: Tensor) -> tuple[Tensor, Tensor]:
+def polygon(p: Polytope, poly: Tensor) -> tuple[Tensor, Tensor]:
     """Vertices [n, K, 3] (padded) and count [n] of polygon ``poly`` [n], in clipping order."""
     ids = _at(p.poly_vert, poly[..., None])[..., 0, :]
     return _at(p.vert, ids), (ids >= 0).sum(-1)
@@ -509,8 +509,8 @@ def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
     half = 0.5 * margin[..., None]
     x1 = con.point1 + half * con.normal  # witness points of the geoms inflated by half the margin
     x2 = con.point2 - half * con.normal
-    n1, face1, ok1 = _face_normals(p1, con.dim1, con.ids1)
-    n2, face2, ok2 = _face_normals(p2, con.dim2, con.ids2)
+    n1, face1, ok1 = face_normals(p1, con.dim1, con.ids1)
+    n2, face2, ok2 = face_normals(p2, con.dim2, con.ids2)
     start1, ends1, dirs1, edge_ok1 = _edges(p1, con.dim1, con.ids1)
     start2, ends2, dirs2, edge_ok2 = _edges(p2, con.dim2, con.ids2)
     choice = multicontact_choice(x2 - x1, (n1, ok1, con.dim1, dirs1, edge_ok1), (n2, ok2, con.dim2, dirs2, edge_ok2))
@@ -520,8 +520,8 @@ def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
     pick = lambda x, i: torch.take_along_dim(x, i[..., None], -1)[..., 0]  # noqa: E731
     i1, i2 = choice.face1, choice.face2
     normal1, normal2 = _at(n1, i1[..., None])[..., 0, :], _at(n2, i2[..., None])[..., 0, :]
-    poly1, npoly1 = _polygon(p1, pick(face1, i1))
-    poly2, npoly2 = _polygon(p2, pick(face2, i2))
+    poly1, npoly1 = polygon(p1, pick(face1, i1))
+    poly2, npoly2 = polygon(p2, pick(face2, i2))
     width = max(poly1.shape[-2], poly2.shape[-2])
     pad = lambda s: torch.cat((s, s[..., :1, :].expand(*s.shape[:-2], width - s.shape[-2], 3)), -2)  # noqa: E731
     seg1 = torch.stack((start1, _at(ends1, choice.edge_slot1[..., None])[..., 0, :]), -2)
@@ -549,19 +549,11 @@ def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
 def _collide(p1: Polytope, p2: Polytope, margin: Tensor) -> Candidates:
     """mjc_Convex of two polytopes: up to 4 contacts [n, 4] (see module doc)."""
     con = _contact(p1, p2, margin)
-    touching = con.dist < margin
-    slots = torch.arange(MAX_CONTACTS, device=margin.device)
-    use, mdist, mpos, mnormal, count = _multicontact(p1, p2, con, margin)
-    listed = slots < count[..., None]
-    use = use & (torch.where(listed, mdist, torch.inf).amin(-1) < margin)
-    valid = torch.where(use[..., None], touching[..., None] & listed, touching[..., None] & (slots == 0))
-    dist = torch.where(use[..., None], mdist, con.dist[..., None])
-    pos = torch.where(use[..., None, None], mpos, (0.5 * (con.point1 + con.point2))[..., None, :])
-    normal = torch.where(use[..., None, None], mnormal, con.normal[..., None, :])
-    return make_candidates(valid, dist, pos, normal)
+    single = (con.dist, 0.5 * (con.point1 + con.point2), con.normal, con.dist < margin)
+    return single_or_multi(single, _multicontact(p1, p2, con, margin), margin)
 
 
-def _batched(fn):
+def batched(fn):
     """``fn`` also taking a single pair without the leading dim (as under ``torch.vmap`` over the pairs)."""
     def wrapper(geom1, geom2, margin: Tensor) -> Candidates:
         if margin.dim():
@@ -572,13 +564,13 @@ def _batched(fn):
     return wrapper
 
 
-@_batched
+@batched
 def box_mesh(box: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candidates:
     """Box-mesh (mjc_Convex): up to 4 contacts [n, 4]."""
-    return _collide(_box_polytope(box), _mesh_polytope(mesh_geom), margin)
+    return _collide(_box_polytope(box), mesh_polytope(mesh_geom), margin)
 
 
-@_batched
+@batched
 def mesh_mesh(mesh1: MeshPose, mesh2: MeshPose, margin: Tensor) -> Candidates:
     """Mesh-mesh (mjc_Convex): up to 4 contacts [n, 4]."""
-    return _collide(_mesh_polytope(mesh1), _mesh_polytope(mesh2), margin)
+    return _collide(mesh_polytope(mesh1), mesh_polytope(mesh2), margin)
