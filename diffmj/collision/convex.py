@@ -767,7 +767,8 @@ def _clip(face: Tensor, nface: Tensor, poly: Tensor, npoly: Tensor, normal: Tens
 def _quad_area(poly: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
     """Area of the quadrilateral of vertices a, b, c, d [n] of poly [n, P, 3]: |ac x bd| / 2."""
     at = lambda i: torch.take_along_dim(poly, i[..., None, None], -2)[..., 0, :]  # noqa: E731
-    return 0.5 * torch.sqrt(dot(*(cross(at(a) - at(c), at(b) - at(d)),) * 2))
+    # torch.linalg.cross: math.cross's constant tensors would break inductor's while_loop in largest_quad
+    return 0.5 * torch.sqrt(dot(*(torch.linalg.cross(at(a) - at(c), at(b) - at(d)),) * 2))
 
 
 _TIE = 1e-9  # relative area difference within which two quadrilaterals count as equal

@@ -226,7 +226,7 @@ def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours
         t = torch.take_along_dim(t, move, -1)[..., 0]
         d2 = torch.take_along_dim(delta, move[..., None], -2)[..., 0, :]
         # the crossing pair's axis: the two edges' cross product, oriented along the arc
-        axis = cross(direction, d2)
+        axis = torch.linalg.cross(direction, d2)  # math.cross's constant tensors break inductor's while_loop
         length2 = dot(axis, axis)
         along = (1 - t.clamp(max=1))[..., None] * na + t.clamp(max=1)[..., None] * nb
         usable = ~done & (length2 > 1e-20 * dot(direction, direction) * dot(d2, d2)) & (dot(axis, along) != 0)
