@@ -70,22 +70,16 @@ def _signed_sums(products: Tensor, terms: tuple[tuple[int, ...], ...], pairwise:
     (a - b is exactly a + (-b)), so the values are the C expression's to the bit, in a handful
     of tensor ops: a graph that torch.compile traces and compiles far faster than one op per
     product.
-
-    The tables are 1-D per term position (at most 8 outputs): torch 2.13's inductor inlines only
-    1-D constants of at most 8 elements, and a larger one created inside a while_loop, scan or
-    nested_compile_region body reaches the compiled subgraph as a non-tensor at run time
-    ("_torchinductor_pyobject_tensor_data_ptr: non-tensor input").
     """
-    signed = [
-        products[..., torch.tensor([abs(row[k]) - 1 for row in terms], device=products.device)]
-        * torch.tensor([1.0 if row[k] > 0 else -1.0 for row in terms], dtype=products.dtype, device=products.device)
-        for k in range(len(terms[0]))
-    ]
+    index = torch.tensor([[abs(t) - 1 for t in row] for row in terms], device=products.device)
+    sign = torch.tensor([[1.0 if t > 0 else -1.0 for t in row] for row in terms], dtype=products.dtype,
+                        device=products.device)
+    signed = products[..., index] * sign
     if pairwise:
-        return (signed[0] + signed[1]) + (signed[2] + signed[3])
-    out = signed[0]
-    for term in signed[1:]:
-        out = out + term
+        return (signed[..., 0] + signed[..., 1]) + (signed[..., 2] + signed[..., 3])
+    out = signed[..., 0]
+    for k in range(1, len(terms[0])):
+        out = out + signed[..., k]
     return out
 
 
@@ -118,16 +112,14 @@ def rot_vec_quat(v: Tensor, q: Tensor) -> Tensor:
 # mju_quat2Mat: diagonal (q00 - q22) + (q11 - q33), ...; off-diagonal 2 (q12 - q03), ... in _products(q, q)
 _MAT_DIAGONAL = ((1, -11, 6, -16), (1, 11, -6, -16), (1, -11, -6, 16))
 _MAT_OFF_DIAGONAL = ((7, -4), (8, 3), (7, 4), (12, -2), (8, -3), (12, 2))  # 01, 02, 10, 12, 20, 21
+_MAT_LAYOUT = (0, 3, 4, 5, 1, 6, 7, 8, 2)  # [diagonal, off-diagonal] -> row-major 3x3
 
 
 def quat_to_mat(q: Tensor) -> Tensor:
     """Rotation matrix [..., 3, 3] of unit quaternion q [..., 4] (mju_quat2Mat)."""
     products = _products(q, q)
-    diagonal = _signed_sums(products, _MAT_DIAGONAL, pairwise=True)
-    off = 2 * _signed_sums(products, _MAT_OFF_DIAGONAL)
-    # row-major: d0 o01 o02 | o10 d1 o12 | o20 o21 d2, by slices (an index of 9 would be a constant: _signed_sums)
-    return torch.cat((diagonal[..., :1], off[..., :3], diagonal[..., 1:2], off[..., 3:], diagonal[..., 2:]),
-                     -1).unflatten(-1, (3, 3))
+    entries = torch.cat((_signed_sums(products, _MAT_DIAGONAL, pairwise=True), 2 * _signed_sums(products, _MAT_OFF_DIAGONAL)), -1)
+    return entries[..., list(_MAT_LAYOUT)].unflatten(-1, (3, 3))
 
 
 def axis_angle_to_quat(axis: Tensor, angle: Tensor) -> Tensor:

@@ -11,7 +11,6 @@ import mujoco
 import numpy as np
 import pytest
 import torch
-from torch._higher_order_ops.while_loop import while_loop
 
 from diffmj import math
 
@@ -57,24 +56,3 @@ def test_broadcasting():
     rows = torch.stack([math.rot_vec_quat(v, q[i]) for i in range(5)])
     assert torch.equal(math.rot_vec_quat(v, q), rows)
     assert torch.equal(math.quat_mul(q[:1], q), torch.stack([math.quat_mul(q[0], q[i]) for i in range(5)]))
-
-
-def test_products_in_a_compiled_loop_body():
-    """The product functions inside a while_loop body compiled by inductor equal eager (their index
-    tables were once constants that inductor passed to the compiled loop as non-tensors)."""
-    gen = torch.Generator().manual_seed(0)
-    q, v = torch.randn(5, 4, generator=gen, dtype=torch.float64), torch.randn(5, 3, generator=gen, dtype=torch.float64)
-    inertia = torch.randn(5, 10, generator=gen, dtype=torch.float64)
-
-    def body(i, q, v, w):
-        q = math.normalize(math.quat_mul(q, q))[0]
-        v = math.cross(math.rot_vec_quat(v, q), v) + (math.quat_to_mat(q) @ v[..., None])[..., 0]
-        return i + 1, q, v, math.inert_mul(inertia, torch.cat((v, w[..., 3:]), -1))
-
-    def loop(q, v):
-        start = (torch.zeros((), dtype=torch.int64), q, v, torch.cat((v, v), -1))
-        return while_loop(lambda i, *_: i < 3, body, start)[1:]
-
-    torch._dynamo.reset()
-    for compiled, eager in zip(torch.compile(loop, fullgraph=True)(q, v), loop(q, v)):
-        torch.testing.assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
