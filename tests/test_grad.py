@@ -163,22 +163,16 @@ def test_compiled_vmap_grad_on_contact_model(arm_on_box):
     assert_close("next qpos", compiled[1], eager[1], TOL["compiled"])
 
 
-_SLOW = pytest.mark.slow
-
-
-@pytest.mark.parametrize(
-    "backend, transform",
-    [("aot_eager", "grad"), pytest.param("aot_eager", "jacrev", marks=_SLOW),
-     pytest.param("aot_eager", "jacfwd", marks=_SLOW)]
-    + [pytest.param("inductor", t, marks=_SLOW) for t in ("grad", "jacrev", "jacfwd")],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("transform", ["grad", "jacrev", "jacfwd"])
 def test_compiled_transforms(arm_on_box, transform, backend):
     """torch.compile(fullgraph=True) of grad / jacrev / jacfwd through step equals eager.
 
-    The default suite compiles grad with aot_eager (Dynamo and AOTAutograd, where custom
-    autograd.Function handling lives); the slow suite adds jacrev, jacfwd and inductor. Each
-    takes about two minutes on 2 cores: under grad transforms the solver's loops are unrolled
-    (bounded_loop): six iterations of up to eight line-search evaluations each.
+    Slow suite only: each takes about two minutes on 2 cores (under grad transforms the solver's
+    loops are unrolled by bounded_loop: six iterations of up to eight line-search evaluations
+    each). The default suite compiles gradients in test_compiled_vmap_grad_on_contact_model
+    (inductor, vmap of grad) and test_compiled_step_backward_with_autograd.
     """
     m, d = arm_on_box
 

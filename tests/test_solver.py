@@ -176,7 +176,8 @@ def _compile_recording_ops(fn, ops: set):
 
 
 @pytest.mark.parametrize("iterations", [1, 10])
-@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "vmap"])
+# the vmapped loop (scan) in the slow suite: test_compiled_vmap_step_on_contact_model compiles it by default
+@pytest.mark.parametrize("batched", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["unbatched", "vmap"])
 def test_compiled_solver_loop_is_traced_once(iterations, batched):
     """Under compile the solver's loop is one while_loop (unbatched) or scan (vmap), not unrolled,
     and gives eager's result to the bit (tolerance 0: every iteration runs)."""
