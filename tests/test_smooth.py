@@ -102,7 +102,7 @@ def test_jac_and_apply_ft(smooth_model, seed):
 
 def test_compiled_kinematics_equals_eager():
     """Kinematics (every joint type) compiled by inductor equals eager: a formulation of the quaternion
-    products that inductor miscompiled in this composition (xquat off by 5e-7, each product alone exact)
+    products that inductor miscompiled in this composition (xpos off by 2.5e-2 here, each product alone exact)
     would fail here and nowhere else in the default suite."""
     mjm = mj_model("chain")
     m = diffmj.put_model(mjm)
