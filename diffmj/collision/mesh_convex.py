@@ -56,7 +56,8 @@ from torch import Tensor
 
 from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_candidates, single_or_multi
 from diffmj.collision.convex import clip_contacts, multicontact_choice
-from diffmj.collision.polytope import Polytope, batched, face_normals, facet_planes, mesh_polytope, polygon
+from diffmj.collision.polytope import (Polytope, batched, face_normals, facet_planes, line_parameters, mesh_polytope,
+                                      polygon)
 from diffmj.math import cross, dot, mat_t_vec, mat_vec, normalize
 
 CAPSULE_CONTACTS = 2  # the capsule's line clipped by a hull polygon
@@ -183,7 +184,7 @@ def _segment_contact(ends: Tensor, p: Polytope) -> _Contact:
     q0, q1 = edge_ends[..., 0, :], edge_ends[..., 1, :]
     p0, p1 = ends[..., 0, :], ends[..., 1, :]
     s, t = _closest_on_segments(p0, p1, q0, q1)
-    s_line, t_line = _nearest_on_lines(p0, p1, q0, q1)
+    s_line, t_line = line_parameters(p0, p1, q0, q1)
     s, t = torch.where(separated, s, s_line), torch.where(separated, t, t_line)
     edge_point1, edge_point2 = p0 + s[..., None] * (p1 - p0), q0 + t[..., None] * (q1 - q0)
     gap = edge_point2 - edge_point1
@@ -201,16 +202,6 @@ def _segment_contact(ends: Tensor, p: Polytope) -> _Contact:
     return _Contact(torch.where(on_edge, edge_dist, face_dist), torch.where(e, edge_normal, -plane),
                     torch.where(e, edge_point1, face_point1), torch.where(e, edge_point2, face_point2),
                     torch.where(on_edge, edge_dim, 3), torch.where(e, edge_ids, facet))
-
-
-def _nearest_on_lines(p0: Tensor, p1: Tensor, q0: Tensor, q1: Tensor) -> tuple[Tensor, Tensor]:
-    """Parameters s, t [...] of the nearest points of the lines p0 + s (p1 - p0), q0 + t (q1 - q0)
-    (not parallel)."""
-    d1, d2, r = p1 - p0, q1 - q0, p0 - q0
-    a, b, c, d, e = dot(d1, d1), dot(d1, d2), dot(d2, d2), dot(d1, r), dot(d2, r)
-    det = a * c - b * b
-    det = torch.where(det > 0, det, 1.0)
-    return (b * e - c * d) / det, (a * e - b * d) / det
 
 
 def _multicontact(capsule: GeomPose, p: Polytope, con: _Contact, margin: Tensor):

@@ -457,15 +457,21 @@ def _pad3(ids: Tensor) -> Tensor:
     return torch.cat((ids, ids[..., 1:]), -1)
 
 
-def _nearest_on_lines(ends1: Tensor, ends2: Tensor) -> tuple[Tensor, Tensor]:
-    """The nearest points of the lines through ends1 [n, 2, 3] and ends2 [n, 2, 3] (not parallel)."""
-    d1, d2 = ends1[..., 1, :] - ends1[..., 0, :], ends2[..., 1, :] - ends2[..., 0, :]
-    r = ends1[..., 0, :] - ends2[..., 0, :]
+def line_parameters(p0: Tensor, p1: Tensor, q0: Tensor, q1: Tensor) -> tuple[Tensor, Tensor]:
+    """Parameters s, t [...] of the nearest points of the lines p0 + s (p1 - p0), q0 + t (q1 - q0)
+    (not parallel)."""
+    d1, d2, r = p1 - p0, q1 - q0, p0 - q0
     a, b, c, d, e = dot(d1, d1), dot(d1, d2), dot(d2, d2), dot(d1, r), dot(d2, r)
     det = a * c - b * b
     det = torch.where(det > 0, det, 1.0)
-    s, t = (b * e - c * d) / det, (a * e - b * d) / det
-    return ends1[..., 0, :] + s[..., None] * d1, ends2[..., 0, :] + t[..., None] * d2
+    return (b * e - c * d) / det, (a * e - b * d) / det
+
+
+def _nearest_on_lines(ends1: Tensor, ends2: Tensor) -> tuple[Tensor, Tensor]:
+    """The nearest points of the lines through ends1 [n, 2, 3] and ends2 [n, 2, 3] (not parallel)."""
+    p0, p1, q0, q1 = ends1[..., 0, :], ends1[..., 1, :], ends2[..., 0, :], ends2[..., 1, :]
+    s, t = line_parameters(p0, p1, q0, q1)
+    return p0 + s[..., None] * (p1 - p0), q0 + t[..., None] * (q1 - q0)
 
 
 # ---------------------------------------------------------------- multi-contact
