@@ -23,6 +23,8 @@ field replace that does not.
 Fluid forces (``opt.density``, ``opt.viscosity``, ``opt.wind``, ``geom_fluid``) are parameters of a
 model loaded with a positive density or viscosity; which bodies use the inertia-box model and which
 geoms the ellipsoid model (``fluidshape``) is fixed by ``put_model``, as MuJoCo's compiler fixes it.
+Likewise ``body_gravcomp`` is a parameter of a model loaded with some body's gravcomp non-zero
+(MuJoCo skips gravity compensation when its compiler counted none, ``ngravcomp`` = 0).
 """
 
 from __future__ import annotations
@@ -97,13 +99,18 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
     recomputed for the new value (``set_const``), so gradients reach the constraint rows through
     them. Differentiable in ``value`` and usable under ``torch.func`` (``grad``, ``vmap`` over
     values). Raises ValueError as ``get_param`` does, for a value that does not broadcast, and for
-    fluid parameters (``FLUID_PARAMS``) of a model put_model loaded without fluid forces.
+    fluid parameters (``FLUID_PARAMS``) of a model put_model loaded without fluid forces, and for
+    ``body_gravcomp`` of a model loaded without gravity compensation.
     """
     current = _field(m, name)
     if name in FLUID_PARAMS and not m.fluid_plan.enabled:
         raise ValueError(f"{name!r}: the model was loaded without fluid forces (density = viscosity = 0), so "
                          "put_model planned none; set opt.density or opt.viscosity on the mujoco.MjModel and "
                          "call diffmj.put_model again")
+    if name == "body_gravcomp" and not m.tree.gravcomp_body.shape[0]:
+        raise ValueError("'body_gravcomp': the model was loaded with no body's gravcomp set (MuJoCo's ngravcomp = "
+                         "0), so put_model planned no gravity compensation; set a gravcomp on the "
+                         "mujoco.MjModel and call diffmj.put_model again")
     if not isinstance(value, Tensor):
         value = torch.as_tensor(value, dtype=current.dtype, device=current.device)
     if value.dtype != current.dtype or value.device != current.device:

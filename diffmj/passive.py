@@ -59,7 +59,7 @@ def damper_force(m: Model, d: Data) -> Tensor:
 
 
 def gravcomp_force(m: Model, d: Data) -> Tensor:
-    """Gravity compensation of bodies with ``gravcomp`` [nv]; applied at each body's com."""
+    """Gravity compensation [nv]: each body's ``gravcomp`` share of its weight, applied at its com."""
     bodies = m.tree.gravcomp_body
     if not bodies.shape[0] or m.opt.disabled(DisableBit.GRAVITY):
         return torch.zeros_like(d.qvel)

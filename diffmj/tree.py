@@ -78,7 +78,9 @@ class TreePlan(PyTreeNode):
     free_qposadr: Tensor
     free_dofadr: Tensor
     rotation_dofadr: Tensor  # [n] first dof of each ball joint and free-joint rotation
-    gravcomp_body: Tensor  # [k] bodies with non-zero gravcomp in the source model
+    # [k] bodies gravity compensation runs over: all but the world if any body had gravcomp at put_model
+    # (as mj_gravcomp loops over every body once ngravcomp > 0, so set_param can change any of them), else none
+    gravcomp_body: Tensor
     max_depth: int = static_field()
     free_body_dofadr: tuple[int, ...] = static_field()  # standalone free bodies (mj_isFreeBody)
 
@@ -245,7 +247,7 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         free_qposadr=free[1],
         free_dofadr=free[2],
         rotation_dofadr=torch.cat((ball[2], free[2] + 3)),
-        gravcomp_body=_long(np.flatnonzero(mjm.body_gravcomp), device),
+        gravcomp_body=_long(np.arange(1, nbody) if mjm.ngravcomp else [], device),
         max_depth=max_depth,
         free_body_dofadr=_standalone_free_bodies(mjm),
     )

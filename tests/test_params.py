@@ -78,6 +78,7 @@ def step_both(mjm: mujoco.MjModel, m: diffmj.Model, seed: int = 0) -> tuple[np.n
     ("tendon_damping", "coupling", 2.0),
     ("opt.timestep", None, 0.005),
     ("opt.gravity", None, [1.0, 0.5, -3.0]),
+    ("body_gravcomp", "torso", 0.7),  # zero at put_model (the slab's is not): MuJoCo compensates it too
 ])
 def test_set_param_then_step_matches_mujoco(field, obj, value):
     mjm = mj_model("chain")
@@ -142,6 +143,12 @@ def test_bad_names_are_refused(args, message):
         diffmj.get_param(m, *args)
     with pytest.raises(ValueError, match=message):
         diffmj.set_param(m, args[0], 1.0, *args[1:])
+
+
+def test_gravcomp_refused_without_gravcomp():
+    m = diffmj.load(MODELS / "pendulum.xml")
+    with pytest.raises(ValueError, match="no body's gravcomp set"):
+        diffmj.set_param(m, "body_gravcomp", 1.0)
 
 
 def test_bad_values_are_refused():
