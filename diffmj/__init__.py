@@ -4,6 +4,7 @@ from diffmj.contacts import contact_force, contact_slots
 from diffmj.forward import forward, step
 from diffmj.io import get_data, get_data_into, load, make_data, put_data, put_model
 from diffmj.params import get_param, set_param
+from diffmj.precompile import precompiled
 from diffmj.rollout import rollout, rollout_policy
 from diffmj.setconst import set_const
 from diffmj.state import differentiate_pos, get_state, integrate_pos, set_state, state_size
@@ -72,6 +73,7 @@ __all__ = [
     "integrate_pos",
     "load",
     "make_data",
+    "precompiled",
     "put_data",
     "put_model",
     "rollout",
