@@ -9,6 +9,7 @@ import torch
 
 import diffmj
 from diffmj import optim
+from optim_examples import tasks
 from tests.conftest import mj_model
 
 # A point mass on two slide joints, no gravity, Euler with joint damping: one step is linear in
@@ -265,3 +266,21 @@ def test_ilqr_over_a_batch_of_initial_states_equals_a_loop():
     assert at_optimum.shape == (1,) and at_optimum[0] > 0
     torch.testing.assert_close(batch.cost_history[0, 1], at_optimum.expand(2), rtol=0, atol=0)
     torch.testing.assert_close(batch.cost_history[1, 0], loop[2].cost_history, rtol=0, atol=0)
+
+
+def test_ilqr_regularisation_follows_mjpc_schedule():
+    """MJPC's schedule (``iLQGBackwardPass::UpdateRegularization``): an accepted step of length above 0.3 lowers
+    the regularisation. Raising it after every accepted step shorter than 1 instead (the bug this checks) made
+    mu grow geometrically on the acrobot's swing-up over a run of half steps (3 s at 0.02 s: mu 4e6 after 21
+    iterations), the regularised steps then predicted almost no decrease and iLQR stopped as "converged" at
+    cost 39068 where the schedule's run goes on to 37505."""
+    task = tasks.acrobot()
+    _, m, d = tasks.load(task, torch.float64, 0.1)
+    steps: list[optim.IterationInfo] = []
+    result = optim.ilqr(m, d, torch.full((30, m.nu), 0.1, dtype=m.dtype), task.cost, max_iterations=30,
+                        callback=steps.append)
+    assert result.converged
+    long_steps = [(before, after) for before, after in zip(steps, steps[1:]) if after.alpha > 0.3]
+    assert any(after.alpha < 1 for _, after in long_steps)  # the case the bug was in is exercised
+    for before, after in long_steps:
+        assert after.regularization <= before.regularization
