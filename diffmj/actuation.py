@@ -28,11 +28,16 @@ MAXVAL = 1e10  # mjMAXVAL: larger controls count as bad, like NaN
 
 
 def clamp_ctrl(m: Model, ctrl: Tensor) -> Tensor:
-    """Clamp controls to ctrlrange (unless disabled); zero all if any is NaN or huge."""
+    """Clamp controls to ctrlrange (unless disabled); zero all if any is NaN or huge.
+
+    The derivative at a bound is the inward one (1), as ``mjd_transitionFD`` differentiates there (one-sided,
+    into the range); torch.minimum / maximum would split a tie's gradient and give half of it.
+    """
     plan = m.actuator_plan
     if not m.opt.disabled(DisableBit.CLAMPCTRL):
         lo, hi = m.actuator_ctrlrange[:, 0], m.actuator_ctrlrange[:, 1]
-        ctrl = torch.where(plan.ctrllimited, torch.minimum(torch.maximum(ctrl, lo), hi), ctrl)
+        clamped = torch.where(ctrl < lo, lo, torch.where(ctrl > hi, hi, ctrl))
+        ctrl = torch.where(plan.ctrllimited, clamped, ctrl)
     bad = (torch.isnan(ctrl) | (ctrl.abs() > MAXVAL)).any(-1, keepdim=True)
     return torch.where(bad, 0.0, ctrl)
 

@@ -9,6 +9,7 @@ import torch
 
 import diffmj
 from diffmj import optim
+from optim_examples import tasks
 from tests.conftest import mj_model
 
 # A point mass on two slide joints, no gravity, Euler with joint damping: one step is linear in
@@ -89,6 +90,47 @@ def test_first_ilqr_iteration_on_a_linear_system_is_lqr():
         x = A @ x + B @ u
     total += 0.5 * x @ Q_end @ x
     assert result.cost.item() == pytest.approx(total, rel=1e-12)
+
+
+def _lq_problem():
+    """The point mass's LQ problem of the test above: the model, the cost, x0, the horizon and LQR's controls."""
+    weights = dict(q=3.0, v=0.2, u=0.05, q_end=50.0, v_end=5.0)
+    cost = optim.Cost(
+        running=(optim.Term(lambda m, d: d.qpos, weights["q"]), optim.Term(lambda m, d: d.qvel, weights["v"]),
+                 optim.Term(lambda m, d: d.ctrl, weights["u"])),
+        terminal=(optim.Term(lambda m, d: d.qpos, weights["q_end"]), optim.Term(lambda m, d: d.qvel, weights["v_end"])))
+    Q = np.diag([weights["q"]] * 2 + [weights["v"]] * 2)
+    Q_end = np.diag([weights["q_end"]] * 2 + [weights["v_end"]] * 2)
+    x0, horizon = np.array([0.5, -0.3, 0.2, 0.4]), 20
+    A, B = _point_mass_linearisation()
+    _, ctrl = _lqr(A, B, Q, weights["u"] * np.eye(2), Q_end, x0, horizon)
+    return cost, x0, horizon, ctrl
+
+
+@pytest.mark.parametrize("jacobians", ["exact", "mjd_transitionFD"])
+def test_ilqr_from_controls_at_their_bounds_takes_the_lqr_step(jacobians):
+    """Controls at a bound move inward at the full rate B: one iteration from a plan saturated at +L (each
+    control's gradient pointing inward) lands on LQR's interior solution. mjd_transitionFD differentiates
+    one-sided into the range there; diffmj's exact B was half of it (torch.minimum / maximum split a tie's
+    gradient), and its step missed LQR's controls by 6.9."""
+    cost, x0, horizon, lqr_ctrl = _lq_problem()
+    bound = 1.5 * np.abs(lqr_ctrl).max()  # LQR's solution is interior
+    motors = f'<motor joint="x" ctrlrange="-{bound} {bound}"/><motor joint="y" ctrlrange="-{bound} {bound}"/>'
+    mjm = mujoco.MjModel.from_xml_string(POINT_MASS.format(mass=MASS).replace(
+        '<motor joint="x"/><motor joint="y"/>', motors))
+    m = diffmj.put_model(mjm)
+    d = diffmj.make_data(m).replace(qpos=torch.tensor(x0[:2]), qvel=torch.tensor(x0[2:]))
+    at_bound = d.replace(ctrl=torch.tensor([bound, -bound], dtype=m.dtype))
+    _, B, _, _ = diffmj.grad.transition_jacobians(m, at_bound)
+    B_fd = np.zeros((4, 2))
+    mjd = mujoco.MjData(mjm)
+    diffmj.get_data_into(mjd, mjm, at_bound)
+    mujoco.mjd_transitionFD(mjm, mjd, 1e-6, True, None, B_fd, None, None)
+    np.testing.assert_allclose(B.numpy(), B_fd, rtol=1e-6, atol=1e-9)
+    result = optim.ilqr(m, d, torch.full((horizon, 2), bound, dtype=m.dtype), cost, max_iterations=1,
+                        fd_model=mjm if jacobians == "mjd_transitionFD" else None)
+    assert result.iterations == 1
+    np.testing.assert_allclose(result.ctrl.numpy(), lqr_ctrl, rtol=0, atol=1e-6 * np.abs(lqr_ctrl).max())
 
 
 def _pendulum_problem(norm):
@@ -265,3 +307,19 @@ def test_ilqr_over_a_batch_of_initial_states_equals_a_loop():
     assert at_optimum.shape == (1,) and at_optimum[0] > 0
     torch.testing.assert_close(batch.cost_history[0, 1], at_optimum.expand(2), rtol=0, atol=0)
     torch.testing.assert_close(batch.cost_history[1, 0], loop[2].cost_history, rtol=0, atol=0)
+
+
+def test_ilqr_regularisation_follows_mjpc_schedule():
+    """MJPC's schedule (``iLQGBackwardPass::UpdateRegularization``): an accepted step of length above 0.3 lowers
+    the regularisation. Raising it after every accepted step shorter than 1 instead (the bug this checks) made
+    mu grow geometrically on the acrobot's swing-up over a run of half steps (3 s at 0.02 s: mu 4e6 after 21
+    iterations), the regularised steps then predicted almost no decrease and iLQR stopped as "converged" at
+    cost 39068 where the schedule's run goes on to 37505."""
+    task = tasks.acrobot()
+    _, m, d = tasks.load(task, torch.float64, 0.1)
+    steps: list[optim.IterationInfo] = []
+    optim.ilqr(m, d, torch.full((30, m.nu), 0.1, dtype=m.dtype), task.cost, max_iterations=12, callback=steps.append)
+    long_steps = [(before, after) for before, after in zip(steps, steps[1:]) if after.alpha > 0.3]
+    assert any(after.alpha < 1 for _, after in long_steps)  # the case the bug was in is exercised
+    for before, after in long_steps:
+        assert after.regularization <= before.regularization

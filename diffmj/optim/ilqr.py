@@ -236,10 +236,13 @@ def ilqr(
                 states, plan, total, accepted = trial_states, trial_plan, trial, alpha
                 derivatives = None
                 break
-        if accepted == alphas[0]:
+        # MJPC's schedule (iLQGBackwardPass::UpdateRegularization): trust the model more after a long step or
+        # one that decreased at least half as predicted, less after a failed, short or surprising one
+        surprise = (history[-1] - total.item()) / expected if accepted else 0.0
+        if accepted and (surprise > 0.5 or accepted > 0.3):
             delta = min(1 / regularization_factor, delta / regularization_factor)
             mu = mu * delta if mu * delta > regularization_min else 0.0
-        else:  # a shortened or failed step: the quadratic model was too optimistic, trust it less
+        elif not accepted or surprise < 0.1 or accepted < 0.06:
             delta = max(regularization_factor, delta * regularization_factor)
             mu = max(regularization_min, mu * delta)
         stalled = accepted and history[-1] - total.item() < tolerance * (1 + abs(history[-1]))
