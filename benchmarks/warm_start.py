@@ -1,18 +1,18 @@
 """Warm start of a compiled step: a new process, the same caches (issue #14 point 1).
 
-For each model and batch size three fresh processes run, one after the other, sharing one
-inductor cache (``TORCHINDUCTOR_CACHE_DIR``, empty at the start) and one ``diffmj.precompiled``
-cache directory:
+For each model and batch size four fresh processes run, one after the other, each timing the
+compile (or load) and the first step:
 
-1. cold: ``diffmj.precompiled(step, (m, d), cache_dir)`` compiles and saves, then one step;
-2. precompiled warm: the same call loads what 1 saved, then one step;
-3. torch.compile warm: ``torch.compile(step, fullgraph=True)`` and one step on 1's inductor cache
-   (what a user gets without ``precompiled``: Dynamo and AOTAutograd trace again).
+1. ``precompiled`` cold: ``diffmj.precompiled(step, (m, d), cache_dir)`` compiles and saves;
+2. ``precompiled`` warm: the same call in a new process loads what 1 saved;
+3. ``torch.compile`` cold: ``torch.compile(step, fullgraph=True)``;
+4. ``torch.compile`` warm: the same in a new process, on 3's inductor cache (what a user gets
+   without ``precompiled``: Dynamo and AOTAutograd trace again, the kernels come from the cache).
 
-``step`` is ``diffmj.step`` (B=1) or ``torch.vmap(diffmj.step, in_dims=(None, 0))`` (B worlds).
-Each time is the wall time from before the compile / load to after the first step (the process's
-imports and model loading excluded; they are reported as ``process_s``, the child's whole run).
-Every child checks its step against eager (largest difference of qpos, qvel).
+1-2 share one inductor cache (``TORCHINDUCTOR_CACHE_DIR``) and 3-4 another, both empty at the
+start. ``step`` is ``diffmj.step`` (B=1) or ``torch.vmap(diffmj.step, in_dims=(None, 0))`` (B
+worlds). Times exclude the process's imports and model loading; ``process_s`` is the child's
+whole run. Every child checks its step against eager (largest difference of qpos, qvel).
 
     python benchmarks/warm_start.py --models models/hopper.xml --batch-sizes 1 64 \\
         --out benchmarks/results/warm_start.json
@@ -51,7 +51,7 @@ if batch == 1:
 else:
     step, d = torch.vmap(diffmj.step, in_dims=(None, 0)), torch.stack([d] * batch).replace(qvel=qvel)
 start = time.perf_counter()
-fn = torch.compile(step, fullgraph=True) if mode == "torch_compile_warm" else diffmj.precompiled(step, (m, d), cache_dir)
+fn = torch.compile(step, fullgraph=True) if mode == "torch_compile" else diffmj.precompiled(step, (m, d), cache_dir)
 out = fn(m, d)
 seconds = time.perf_counter() - start
 eager = step(m, d)
@@ -94,13 +94,17 @@ def main() -> None:
     args = parser.parse_args()
     solver = {f: getattr(args, f) for f in harness.SOLVER_FIELDS if getattr(args, f) is not None}
     records = []
-    print("| model | B | cold (precompiled) s | precompiled warm s | torch.compile warm s | warm process s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| model | B | precompiled cold s | precompiled warm s | torch.compile cold s | torch.compile warm s "
+          "| precompiled warm, whole process s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for model in args.models:
         for batch in args.batch_sizes:
-            with tempfile.TemporaryDirectory() as inductor_cache, tempfile.TemporaryDirectory() as cache_dir:
-                runs = {mode: run_child(model, batch, mode, inductor_cache, cache_dir, solver, args.timeout)
-                        for mode in ("cold", "precompiled_warm", "torch_compile_warm")}
+            runs = {}
+            for mode in ("precompiled", "torch_compile"):
+                with tempfile.TemporaryDirectory() as inductor_cache, tempfile.TemporaryDirectory() as cache_dir:
+                    for start in ("cold", "warm"):
+                        runs[f"{mode}_{start}"] = run_child(model, batch, mode, inductor_cache, cache_dir, solver,
+                                                            args.timeout)
             records.append(dict(model=Path(model).name, batch=batch, load_average=os.getloadavg(), **runs))
             cells = [f"{runs[k]['seconds']:.1f}" if "seconds" in runs[k] else runs[k]["error"][:60] for k in runs]
             process = runs["precompiled_warm"].get("process_s", float("nan"))
