@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj.forward import check_data, resolve_backward_mode, step_unbatched
+from diffmj.forward import check_data, resolve_backward_mode, run_step
 from diffmj.grad.checkpoint import HELD_INPUTS, Advance, Observe, checkpointed_rollout, run_steps
 from diffmj.io import make_data
 from diffmj.state import get_state
@@ -174,7 +174,7 @@ def _advance(m: Model, d: Data, control: Control, mode: BackwardMode, observe: O
     batched; compiled when options (torch.compile's keyword arguments) are given."""
 
     def transition(m: Model, d: Data, step_params: tuple[Tensor, ...]) -> tuple[Data, Any]:
-        out = step_unbatched(m, d.replace(ctrl=control.law(step_params, m, d)), mode)
+        out = run_step(m, d.replace(ctrl=control.law(step_params, m, d)), mode)
         if options is not None:  # the next step's input laid out like this one's: no recompile
             out = canonical_layout(out, d)
         return out, (out if observe is None else observe(m, out))
