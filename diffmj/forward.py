@@ -2,8 +2,17 @@
 
 ``forward`` computes every derived quantity of a state; ``step`` also
 advances it with the model's integrator (Euler with implicit joint damping,
-RK4, implicit, implicitfast). Both are pure and accept batched Data: leading
-batch dimensions are mapped with ``torch.vmap``.
+RK4, implicit, implicitfast). Both are pure and accept batched Data.
+
+A batch (leading dimensions of d, flattened to one) is stepped as an explicit
+batch, not under one ``torch.vmap`` of the whole step: the stages before and
+after the constraint solver (and between RK4's stages) run under
+``torch.vmap``, and the solver's loops run over the whole batch (solver.
+solve_qacc's ``batched``), so that compiled they are while_loops stopping once
+every element has converged; torch 2.13's while_loop has no vmap rule, and a
+vmapped step's loops run their full count (``scan``). Every stage is written
+for one element and runs unchanged unbatched, under an outer torch.vmap, or
+mapped by ``_each`` here.
 """
 
 from __future__ import annotations
@@ -76,6 +85,15 @@ def fwd_acceleration(m: Model, d: Data) -> Data:
     return d.replace(qfrc_smooth=qfrc_smooth, qacc_smooth=solve_m(m, d, qfrc_smooth))
 
 
+def _each(stage, batched: bool):
+    """stage(m, d, *args) of one Data, over a batch [B] of d and args where batched."""
+
+    def over_batch(m: Model, *args):
+        return elementwise(stage, batched, (None,) + (0,) * len(args))(m, *args)
+
+    return over_batch
+
+
 def fwd_constraint(m: Model, d: Data, mode: BackwardMode, batched: bool = False) -> Data:
     """Constrained acceleration from the constraint solver; qacc_smooth without constraint rows.
 
@@ -100,15 +118,6 @@ def _smooth(m: Model, d: Data, sensors: bool) -> Data:
         d = sensor_vel(m, d)
     d = actuation(m, d)
     return fwd_acceleration(m, d)
-
-
-def _each(stage, batched: bool):
-    """stage(m, d, *args) of one Data, over a batch [B] of d and args where batched."""
-
-    def over_batch(m: Model, *args):
-        return elementwise(stage, batched, (None,) + (0,) * len(args))(m, *args)
-
-    return over_batch
 
 
 def run_forward(m: Model, d: Data, mode: BackwardMode, sensors: bool = True, batched: bool = False) -> Data:

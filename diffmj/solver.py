@@ -30,6 +30,19 @@ a converged element is frozen with ``torch.where`` so a vmapped batch gives
 exactly what each element gives alone. An eager call stops as soon as every
 element has converged, with the same result; under torch.compile the loop body
 is traced once (workarounds.bounded_loop) and an unbatched call stops early too.
+
+A batch can be solved two ways with the same code. Under an outer torch.vmap
+(torch.vmap(diffmj.step)) every function here sees one element, and compiled
+loops run their full count (torch 2.13's while_loop has no vmap rule, so
+bounded_loop takes scan). With an explicit batch (solve_qacc's ``batched``, what
+diffmj.step does with batched Data) the loops run over the batch, a compiled
+while_loop stopping once every element is done, and the pieces between them are
+mapped over it with torch.vmap (workarounds.elementwise): the start
+(_solve_start), the halves of an iteration around its line search
+(_iteration_start, _iteration_finish) and one line-search step
+(_line_search_step). Each piece takes the batch's tensors it reads as arguments
+(the Inputs as input_dims lays them out): torch.vmap would see a closed-over
+batch whole. Unbatched, the same pieces run unmapped.
 """
 
 from __future__ import annotations
