@@ -39,7 +39,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 MODELS = [REPO / "tests" / "models" / "contacts.xml", REPO / "models" / "hopper.xml"]
-# forward.py's stages in the order forward_unbatched runs them, then the integrator
+# forward.py's stages in the order run_forward runs them, then the integrator
 STAGES = [
     "kinematics", "com_pos", "tendon", "crb", "factor_m", "collision", "make_constraint", "transmission",
     "sensor_pos", "fwd_velocity", "sensor_vel", "actuation", "fwd_acceleration", "fwd_constraint", "sensor_acc",
@@ -52,8 +52,8 @@ import json, resource, sys, time
 import mujoco, torch
 import diffmj
 from diffmj import actuation, constraint, sensor, smooth
-from diffmj.forward import (fwd_acceleration, fwd_constraint, fwd_velocity, forward_unbatched, integrate,
-                            step_unbatched)
+from diffmj.forward import (fwd_acceleration, fwd_constraint, fwd_velocity, run_forward, integrate,
+                            run_step)
 from diffmj.collision.driver import collision
 from torch._dynamo.utils import compilation_time_metrics
 
@@ -76,8 +76,8 @@ pipeline = {
     "fwd_constraint": lambda m, d: fwd_constraint(m, d, mode), "sensor_acc": sensor.sensor_acc,
     "integrate": lambda m, d: integrate(m, d, mode),
 }
-whole = {"step": lambda m, d: step_unbatched(m, d, mode),
-         "forward": lambda m, d: forward_unbatched(m, d, mode)}
+whole = {"step": lambda m, d: run_step(m, d, mode),
+         "forward": lambda m, d: run_forward(m, d, mode)}
 
 
 def stage_and_input(stage):

@@ -1,10 +1,12 @@
 """Runner: diffmj eager or compiled (``step_throughput.py`` starts it in a subprocess).
 
-eager: ``diffmj.step`` on batched Data (vmapped inside diffmj).
-compiled: ``torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True)``.
+eager: ``diffmj.step`` on batched Data (diffmj's explicit batch).
+compiled: ``torch.compile(diffmj.step, fullgraph=True)`` on batched Data: the explicit batch, whose
+solver loops stop once every element has converged.
+compiled_vmap: ``torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullgraph=True)``: the
+per-element step under vmap, whose solver loops run their full count (``scan``).
 
-For B=1 both run on unbatched Data, the compiled one as
-``torch.compile(diffmj.step, fullgraph=True)``.
+For B=1 all run on unbatched Data, the compiled ones as ``torch.compile(diffmj.step, fullgraph=True)``.
 
 A compiled run takes one batch size, so that its compile starts from a fresh
 process; ``step_throughput.py`` points TORCHINDUCTOR_CACHE_DIR at an empty
@@ -59,7 +61,8 @@ def bench_eager(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int, args: arg
 def bench_compiled(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int, args: argparse.Namespace) -> dict:
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    fn = diffmj.step if batch_size == 1 else torch.vmap(diffmj.step, in_dims=(None, 0))
+    vmapped = args.variant == "compiled_vmap" and batch_size > 1
+    fn = torch.vmap(diffmj.step, in_dims=(None, 0)) if vmapped else diffmj.step
     compiled = torch.compile(fn, fullgraph=True)
     d = d0 = initial_data(m, mjm, batch_size)
     calls = []
@@ -88,11 +91,11 @@ def bench_compiled(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int, args: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_runner_args(parser)
-    parser.add_argument("--variant", choices=("eager", "compiled"), required=True)
+    parser.add_argument("--variant", choices=("eager", "compiled", "compiled_vmap"), required=True)
     parser.add_argument("--compile-only", action="store_true",
                         help="compiled: stop after the compiling calls (warm-cache measurement)")
     args = parser.parse_args()
-    if args.variant == "compiled" and len(args.batch_sizes) != 1:
+    if args.variant != "eager" and len(args.batch_sizes) != 1:
         parser.error("a compiled run takes one batch size (each compile starts from a fresh process)")
 
     mjm = harness.load_model(args.model, harness.solver_overrides(args))

@@ -28,6 +28,7 @@ LABELS = {
     "mujoco_torch_eager": "mujoco_torch eager",
     "mujoco_torch_compiled": "mujoco_torch compiled",
     "diffmj_eager": "diffmj eager",
+    "diffmj_compiled_vmap": "diffmj compiled vmap",
     "diffmj_compiled": "diffmj compiled",
 }
 

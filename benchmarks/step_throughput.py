@@ -9,10 +9,14 @@ XML with the same solver settings, and reports total simulated steps per wall
 second (B * nsteps / median seconds of a few timed repeats, after a warm-up):
 
 - diffmj eager: ``diffmj.step`` on batched Data;
-- diffmj compiled: ``torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)),
-  fullgraph=True)`` (``torch.compile(diffmj.step)`` for B=1), one fresh process
-  per batch size; compile time cold (empty TORCHINDUCTOR_CACHE_DIR) and warm
-  (a second process on the cache the first one filled);
+- diffmj compiled: ``torch.compile(diffmj.step, fullgraph=True)`` on batched
+  Data (the explicit batch: solver loops stop once the whole batch has
+  converged), one fresh process per batch size; compile time cold (empty
+  TORCHINDUCTOR_CACHE_DIR) and warm (a second process on the cache the first
+  one filled);
+- diffmj compiled vmap: ``torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)),
+  fullgraph=True)``, the per-element step under vmap (solver loops run their full
+  count); the same for B=1;
 - MuJoCo C: ``mujoco.rollout`` on a thread pool, and an ``mj_step`` loop for B=1;
 - MJX (JAX, CPU) and mujoco_torch, each in its own venv made by
   ``setup_anchors.py``; an anchor that is not set up is recorded as such.
@@ -55,6 +59,7 @@ BACKENDS = {
     "mujoco_torch_eager": "mujoco_torch eager",
     "mujoco_torch_compiled": "mujoco_torch compiled",
     "diffmj_eager": "diffmj eager",
+    "diffmj_compiled_vmap": "diffmj compiled vmap",
     "diffmj_compiled": "diffmj compiled",
 }
 SINGLE_WORLD_ONLY = {"mujoco_c_loop"}
@@ -97,6 +102,9 @@ RUNNERS = {
                            ("--variant", "eager")),
     "diffmj_compiled": Runner("diffmj_compiled", harness.BENCH_DIR / "diffmj_bench.py", ("diffmj_compiled",),
                               ("--variant", "compiled"), process_per_batch_size=True, warm_compile=True),
+    "diffmj_compiled_vmap": Runner("diffmj_compiled_vmap", harness.BENCH_DIR / "diffmj_bench.py",
+                                   ("diffmj_compiled_vmap",), ("--variant", "compiled_vmap"),
+                                   process_per_batch_size=True, warm_compile=True),
 }
 
 
@@ -221,6 +229,7 @@ def run_model(run: Run, model: Path) -> None:
             records = error_records(runner, run.args.batch_sizes, reason)
         else:
             batch_sizes = {"diffmj_compiled": run.args.compiled_batch_sizes,
+                           "diffmj_compiled_vmap": run.args.compiled_batch_sizes,
                            "mjx": run.args.mjx_batch_sizes}.get(name, run.args.batch_sizes)
             records = run_runner(run, runner, model, batch_sizes)
         run.records += [{"model": model.name, **r} for r in records]

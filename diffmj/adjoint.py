@@ -20,19 +20,25 @@ optimum so the value is unchanged) has exactly the derivative -H^-1 dr/dtheta.
 The correction is traced only when a derivative may be asked for (an input
 requires grad, or a torch.func transform is active): a compiled step without
 gradients neither compiles nor runs it.
+
+An explicit batch (solver.solve_qacc's ``batched``: its loops run over the whole batch, which
+an autograd.Function's generated vmap rule cannot hold) takes the same correction, eager and
+compiled, mapped over the batch with torch.vmap.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj.solver import Inputs, Settings, finish, hessian_factor, residual, settings_and_inputs, solve_qacc
+from diffmj.solver import (Inputs, Settings, finish, hessian_factor, input_dims, residual, settings_and_inputs,
+                           solve_qacc)
 from diffmj.types import Data, Model
-from diffmj.workarounds import derivative_requested
+from diffmj.workarounds import derivative_requested, elementwise
 
 
 def residual_inputs(x: Inputs) -> tuple[str, ...]:
@@ -121,25 +127,30 @@ class ImplicitSolve(torch.autograd.Function):
         return -torch.cholesky_solve(dr[..., None], hessian_factor(settings, x, qacc))[..., 0]
 
 
-def _implicit_by_correction(settings: Settings, inputs: Inputs) -> Tensor:
-    """The implicit adjoint with plain operations (see the module docstring). [nv]"""
+def _correction(settings: Settings, x: Inputs, constant: Inputs, qacc: Tensor) -> Tensor:
+    """The Newton correction -H^-1 r(qacc, theta), H from the constant inputs. [nv]"""
+    chol = hessian_factor(settings, constant, qacc)
+    return -torch.cholesky_solve(residual(settings, x, qacc)[..., None], chol)[..., 0]
+
+
+def _implicit_by_correction(settings: Settings, inputs: Inputs, batched: bool) -> Tensor:
+    """The implicit adjoint with plain operations (see the module docstring). [nv] ([B, nv] batched)"""
     constant = pytree.tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, inputs)
-    qacc = solve_qacc(settings, constant)
+    qacc = solve_qacc(settings, constant, batched=batched)
     if not derivative_requested(t for t in pytree.tree_leaves(inputs) if isinstance(t, Tensor)):
         return qacc  # without it the graph has no Hessian factor and residual to compile and run
-    chol = hessian_factor(settings, constant, qacc)
-    correction = -torch.cholesky_solve(residual(settings, inputs, qacc)[..., None], chol)[..., 0]
+    dims = input_dims(len(inputs.cone_rows))
+    correction = elementwise(functools.partial(_correction, settings), batched, (dims, dims, 0))(inputs, constant, qacc)
     return qacc + (correction - correction.detach())
 
 
-def solve_implicit(m: Model, d: Data) -> Data:
-    """The constraint solve whose gradient is the implicit adjoint (BackwardMode.IMPLICIT)."""
-    settings, inputs = settings_and_inputs(m, d)
-    if torch.compiler.is_compiling():
-        qacc = _implicit_by_correction(settings, inputs)
+def solve_implicit(m: Model, d: Data, batched: bool = False) -> Data:
+    """The constraint solve whose gradient is the implicit adjoint (BackwardMode.IMPLICIT); batched: of a
+    batch [B] (solver.solve_qacc's explicit batch)."""
+    settings, inputs = settings_and_inputs(m, d, batched)
+    if batched or torch.compiler.is_compiling():
+        qacc = _implicit_by_correction(settings, inputs, batched)
     else:
         flat, spec = pytree.tree_flatten(inputs)
         qacc = ImplicitSolve.apply(_Static(settings, spec), *flat)
-    return finish(settings, inputs, qacc, d)
-
-
+    return finish(settings, inputs, qacc, d, batched)

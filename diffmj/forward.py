@@ -2,11 +2,22 @@
 
 ``forward`` computes every derived quantity of a state; ``step`` also
 advances it with the model's integrator (Euler with implicit joint damping,
-RK4, implicit, implicitfast). Both are pure and accept batched Data: leading
-batch dimensions are mapped with ``torch.vmap``.
+RK4, implicit, implicitfast). Both are pure and accept batched Data.
+
+A batch (leading dimensions of d, flattened to one) is stepped as an explicit
+batch, not under one ``torch.vmap`` of the whole step: the stages before and
+after the constraint solver (and between RK4's stages) run under
+``torch.vmap``, and the solver's loops run over the whole batch (solver.
+solve_qacc's ``batched``), so that compiled they are while_loops stopping once
+every element has converged; torch 2.13's while_loop has no vmap rule, and a
+vmapped step's loops run their full count (``scan``). Every stage is written
+for one element and runs unchanged unbatched, under an outer torch.vmap, or
+mapped by ``_each`` here.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -34,7 +45,7 @@ from diffmj.smooth import (
 from diffmj.solver import solve
 from diffmj.state import integrate_pos
 from diffmj.types import BackwardMode, Data, DisableBit, IntegratorType, Model
-from diffmj.workarounds import canonical_layout
+from diffmj.workarounds import canonical_layout, elementwise
 
 
 def fwd_position(m: Model, d: Data) -> Data:
@@ -74,24 +85,31 @@ def fwd_acceleration(m: Model, d: Data) -> Data:
     return d.replace(qfrc_smooth=qfrc_smooth, qacc_smooth=solve_m(m, d, qfrc_smooth))
 
 
-def fwd_constraint(m: Model, d: Data, mode: BackwardMode) -> Data:
+def _each(stage, batched: bool):
+    """stage(m, d, *args) of one Data, over a batch [B] of d and args where batched."""
+
+    def over_batch(m: Model, *args):
+        return elementwise(stage, batched, (None,) + (0,) * len(args))(m, *args)
+
+    return over_batch
+
+
+def fwd_constraint(m: Model, d: Data, mode: BackwardMode, batched: bool = False) -> Data:
     """Constrained acceleration from the constraint solver; qacc_smooth without constraint rows.
 
     mode chooses how gradients pass through the solver (the result is the same). With
     opt.noslip_iterations, MuJoCo's noslip sweeps then post-process the friction forces.
+    batched: d is a batch [B], solved as one (solver.solve_qacc's explicit batch).
     """
     if m.constraint_plan.nefc:
-        d = solve_implicit(m, d) if mode == BackwardMode.IMPLICIT else solve(m, d)
-        return noslip(m, d) if m.opt.noslip_iterations else d
+        d = solve_implicit(m, d, batched) if mode == BackwardMode.IMPLICIT else solve(m, d, batched)
+        return _each(noslip, batched)(m, d) if m.opt.noslip_iterations else d
     # a copy: fields must not alias (torch.compile would recompile on aliased inputs)
     return d.replace(qacc=d.qacc_smooth.clone(), qfrc_constraint=torch.zeros_like(d.qacc_smooth))
 
 
-def forward_unbatched(m: Model, d: Data, mode: BackwardMode, sensors: bool = True) -> Data:
-    """forward() of one unbatched Data, unchecked (for diffmj.grad and rollout).
-
-    mj_forwardSkip without skipped stages; ``sensors=False`` leaves sensordata as it was.
-    """
+def _smooth(m: Model, d: Data, sensors: bool) -> Data:
+    """The stages before the constraint solver, of one Data."""
     d = fwd_position(m, d)
     if sensors:
         d = sensor_pos(m, d)
@@ -99,11 +117,17 @@ def forward_unbatched(m: Model, d: Data, mode: BackwardMode, sensors: bool = Tru
     if sensors:
         d = sensor_vel(m, d)
     d = actuation(m, d)
-    d = fwd_acceleration(m, d)
-    d = fwd_constraint(m, d, mode)
-    if sensors:
-        d = sensor_acc(m, d)
-    return d
+    return fwd_acceleration(m, d)
+
+
+def run_forward(m: Model, d: Data, mode: BackwardMode, sensors: bool = True, batched: bool = False) -> Data:
+    """forward() of one Data, or of a batch [B] where batched, unchecked (for diffmj.grad and rollout).
+
+    mj_forwardSkip without skipped stages; ``sensors=False`` leaves sensordata as it was.
+    """
+    d = _each(functools.partial(_smooth, sensors=sensors), batched)(m, d)
+    d = fwd_constraint(m, d, mode, batched)
+    return _each(sensor_acc, batched)(m, d) if sensors else d
 
 
 def _advance(m: Model, d: Data, act_dot: Tensor, qacc: Tensor, qvel: Tensor | None = None) -> Data:
@@ -165,33 +189,38 @@ def _rk4_position_velocity(m: Model, theta: Tensor, qvel: Tensor) -> Tensor:
     return qvel.index_copy(0, index.reshape(-1), k.reshape(-1))
 
 
-def _rk4(m: Model, d: Data, mode: BackwardMode) -> Data:
-    """4th-order Runge-Kutta over (qpos, qvel, act), Munthe-Kaas on rotations (mj_RungeKutta)."""
+def _rk4_rates(m: Model, d: Data, dpos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A stage's rates (position velocity, qacc, act_dot) of its forward()-filled Data d at offset dpos."""
+    return _rk4_position_velocity(m, m.opt.timestep * dpos, d.qvel), d.qacc, d.act_dot
+
+
+def _rk4_stage(m: Model, d: Data, rates: list, a: tuple[float, ...]) -> tuple[Data, Tensor]:
+    """The state of the stage whose coefficients on the rates so far are a, and its position offset."""
     h = m.opt.timestep
-    qpos0, qvel0, act0, time0 = d.qpos, d.qvel, d.act, d.time
-    posvel = [_rk4_position_velocity(m, torch.zeros_like(d.qvel), d.qvel)]
-    acc, actd = [d.qacc], [d.act_dot]
-    for a in _RK4_A:
-        dpos = sum(c * v for c, v in zip(a, posvel))
-        dqacc = sum(c * v for c, v in zip(a, acc))
-        dact = sum(c * v for c, v in zip(a, actd))
-        stage = d.replace(
-            qpos=integrate_pos(m, qpos0, dpos, h),
-            qvel=qvel0 + h * dqacc,
-            act=act0 + h * dact,
-            time=time0 + sum(a) * h,
-        )
-        d = forward_unbatched(m, stage, mode, sensors=False)  # like MuJoCo, intermediate stages skip sensors
-        posvel.append(_rk4_position_velocity(m, h * dpos, d.qvel))
-        acc.append(d.qacc)
-        actd.append(d.act_dot)
-    dpos = sum(b * v for b, v in zip(_RK4_B, posvel))
-    dqacc = sum(b * v for b, v in zip(_RK4_B, acc))
-    dact = sum(b * v for b, v in zip(_RK4_B, actd))
-    d = d.replace(qpos=qpos0, qvel=qvel0, act=act0, time=time0)
+    dpos, dqacc, dact = (sum(c * v for c, v in zip(a, rate)) for rate in zip(*rates))
+    stage = d.replace(qpos=integrate_pos(m, d.qpos, dpos, h), qvel=d.qvel + h * dqacc, act=d.act + h * dact,
+                      time=d.time + sum(a) * h)
+    return stage, dpos
+
+
+def _rk4_combine(m: Model, d: Data, last: Data, rates: list) -> Data:
+    """The step from d by the weighted rates of the four stages, last the last stage's Data."""
+    dpos, dqacc, dact = (sum(b * v for b, v in zip(_RK4_B, rate)) for rate in zip(*rates))
+    last = last.replace(qpos=d.qpos, qvel=d.qvel, act=d.act, time=d.time)
     # like MuJoCo 4, the step reports the Runge-Kutta average as qacc (the last
     # stage's qacc is kept as qacc_warmstart; other fields are the last stage's)
-    return _advance(m, d, dact, dqacc, dpos).replace(qacc=dqacc)
+    return _advance(m, last, dact, dqacc, dpos).replace(qacc=dqacc)
+
+
+def _rk4(m: Model, d: Data, mode: BackwardMode, batched: bool) -> Data:
+    """4th-order Runge-Kutta over (qpos, qvel, act), Munthe-Kaas on rotations (mj_RungeKutta)."""
+    rates = [_each(_rk4_rates, batched)(m, d, torch.zeros_like(d.qvel))]
+    last = d
+    for a in _RK4_A:
+        stage, dpos = _each(functools.partial(_rk4_stage, a=a), batched)(m, d, rates)
+        last = run_forward(m, stage, mode, sensors=False, batched=batched)  # like MuJoCo, stages skip sensors
+        rates.append(_each(_rk4_rates, batched)(m, last, dpos))
+    return _each(_rk4_combine, batched)(m, d, last, rates)
 
 
 def qfrc_smooth_vel(m: Model, d: Data) -> Tensor:
@@ -251,19 +280,19 @@ def _implicit(m: Model, d: Data) -> Data:
     return _advance(m, d, d.act_dot, qacc)
 
 
-def integrate(m: Model, d: Data, mode: BackwardMode) -> Data:
-    """Advance one unbatched Data that forward() has filled by a timestep of the model's integrator."""
+def integrate(m: Model, d: Data, mode: BackwardMode, batched: bool = False) -> Data:
+    """Advance a Data (batched: a batch [B]) that forward() has filled by a timestep of the model's integrator."""
     integrator = m.opt.integrator
     if integrator == IntegratorType.EULER:
-        return _euler(m, d)
+        return _each(_euler, batched)(m, d)
     if integrator == IntegratorType.RK4:
-        return _rk4(m, d, mode)
-    return _implicit(m, d)
+        return _rk4(m, d, mode, batched)
+    return _each(_implicit, batched)(m, d)
 
 
-def step_unbatched(m: Model, d: Data, mode: BackwardMode) -> Data:
-    """step() of one unbatched Data, unchecked (for diffmj.grad and rollout)."""
-    return integrate(m, forward_unbatched(m, d, mode), mode)
+def run_step(m: Model, d: Data, mode: BackwardMode, batched: bool = False) -> Data:
+    """step() of one Data, or of a batch [B] where batched, unchecked (for diffmj.grad and rollout)."""
+    return integrate(m, run_forward(m, d, mode, batched=batched), mode, batched)
 
 
 def resolve_backward_mode(m: Model, backward_mode: BackwardMode | None) -> BackwardMode:
@@ -291,18 +320,12 @@ def check_data(m: Model, d: Data) -> None:
             raise ValueError(f"d.{name} is on {value.device} but the model is on {m.device}")
 
 
-def _map_batch(fn, m: Model, d: Data) -> Data:
-    """Apply an unbatched fn(m, d) over all leading batch dimensions of d with torch.vmap."""
-
-    def per_example(m: Model, d: Data) -> Data:
-        return canonical_layout(fn(m, d), d)
-
+def _over_batch(fn, m: Model, d: Data) -> Data:
+    """fn(m, d, batched) of d, its leading batch dimensions (if any) flattened into one explicit batch."""
     if not d.batch_dims:
-        return per_example(m, d)
-    shape = d.batch_size
+        return canonical_layout(fn(m, d, False), d)
     flat = d.reshape(-1)
-    out = torch.vmap(per_example, in_dims=(None, 0))(m, flat)
-    return out.reshape(shape)
+    return torch.vmap(canonical_layout)(fn(m, flat, True), flat).reshape(d.batch_size)
 
 
 def forward(m: Model, d: Data, *, backward_mode: BackwardMode | None = None) -> Data:
@@ -313,7 +336,7 @@ def forward(m: Model, d: Data, *, backward_mode: BackwardMode | None = None) -> 
     """
     check_data(m, d)
     mode = resolve_backward_mode(m, backward_mode)
-    return _map_batch(lambda m, d: forward_unbatched(m, d, mode), m, d)
+    return _over_batch(lambda m, d, batched: run_forward(m, d, mode, batched=batched), m, d)
 
 
 def step(m: Model, d: Data, *, backward_mode: BackwardMode | None = None) -> Data:
@@ -323,4 +346,4 @@ def step(m: Model, d: Data, *, backward_mode: BackwardMode | None = None) -> Dat
     """
     check_data(m, d)
     mode = resolve_backward_mode(m, backward_mode)
-    return _map_batch(lambda m, d: step_unbatched(m, d, mode), m, d)
+    return _over_batch(lambda m, d, batched: run_step(m, d, mode, batched), m, d)

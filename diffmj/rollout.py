@@ -11,12 +11,12 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj.forward import check_data, resolve_backward_mode, step_unbatched
+from diffmj.forward import check_data, resolve_backward_mode, run_step
 from diffmj.grad.checkpoint import HELD_INPUTS, Advance, Observe, checkpointed_rollout, run_steps
 from diffmj.io import make_data
 from diffmj.state import get_state
 from diffmj.types import STATE_FIELDS, BackwardMode, Data, Model, State
-from diffmj.workarounds import canonical_layout, transform_active
+from diffmj.workarounds import canonical_layout, elementwise, transform_active
 
 ObserveArg = Sequence[str] | Callable[[Model, Data], Any] | None
 CompileArg = bool | dict[str, Any]
@@ -51,7 +51,7 @@ def rollout(
 
     ``traj[t]`` (``traj.qpos[..., t, :]``, ...) is the Data after step t + 1.
     Leading batch dimensions of d and ctrl broadcast (a batch of initial states,
-    of control sequences, or both) and are mapped with ``torch.vmap``.
+    of control sequences, or both) and are stepped as one batch (``diffmj.step``'s explicit batch).
 
     observe: what to keep of each step, instead of every Data field: Data field names (e.g.
     ``("qpos", "qvel", "act", "sensordata")``, as ``mujoco.rollout`` keeps state and sensordata) give a
@@ -68,7 +68,7 @@ def rollout(
     compile: run each step as one compiled graph (``torch.compile``; True, or a dict of its keyword
     arguments, e.g. ``{"backend": "aot_eager"}``, over the defaults ``fullgraph=True, dynamic=False``);
     the loop over time stays in Python, so compile time does not grow with T. A batch is stepped by one
-    compiled ``vmap`` of the step per time step. Checkpointing, results and gradients are eager's (to
+    compiled explicit-batch step per time step (its solver stops once every element has converged). Checkpointing, results and gradients are eager's (to
     rounding, with inductor). All steps run two graphs, one without grad (no input requires grad, or the
     forward pass of checkpointed segments) and one with; later rollouts reuse them from Dynamo's cache,
     whose entries (one per model, batch size and set of model parameters, inputs or params requiring
@@ -109,7 +109,7 @@ def rollout_policy(
     torch.func.functional_call(net, p, (x,))``), shared by every batch element; gradients flow to it, to
     the model's parameters and to d's state, through checkpointed segments as in ``rollout`` (so
     ``loss.backward()`` fills ``net``'s ``.grad``, and ``torch.func.grad`` over params works). A batch of
-    initial states (leading dimensions of d) is mapped with ``torch.vmap``: policy sees one state [ns].
+    initial states (leading dimensions of d) is stepped as one batch: policy sees one state [ns] (vmapped).
     checkpoint, backward_mode, observe, compile: as for ``rollout``; compiled, the policy is part of each
     step's graph.
     """
@@ -152,7 +152,7 @@ def _rollout(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], ba
             raise ValueError(f"checkpoint must be a positive number of steps, 'auto' or None, got {checkpoint}")
     batch = d.batch_size if not batched_params else params[0].shape[:batched_params]
     size = batch.numel()  # not -1 in the reshapes: nu may be 0
-    if batch:  # one batch dimension, the loop over time outside the vmap of each step
+    if batch:  # one batch dimension, the loop over time outside each batched step
         d = d.expand(batch).reshape(size)
         params = tuple(p.reshape(size, *p.shape[batched_params:]) for p in params) if batched_params else params
     advance = _advance(m, d, control, mode, observe, bool(batched_params), options)
@@ -170,19 +170,19 @@ def _rollout(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], ba
 def _advance(m: Model, d: Data, control: Control, mode: BackwardMode, observe: Observe, batched_params: bool,
              options: dict[str, Any] | None) -> Advance:
     """How each step of a rollout of m from d (unbatched or of batch [B]) runs, the one place that decides:
-    eager; vmapped over the batch (and over the first dimension of params where batched_params) when d is
-    batched; compiled when options (torch.compile's keyword arguments) are given."""
+    eager; as an explicit batch (diffmj.step's: the control law, the stages and observe vmapped over the batch
+    and over the first dimension of params where batched_params, the solver's loops over the whole batch) when
+    d is batched; compiled when options (torch.compile's keyword arguments) are given."""
 
-    def transition(m: Model, d: Data, step_params: tuple[Tensor, ...]) -> tuple[Data, Any]:
-        out = step_unbatched(m, d.replace(ctrl=control.law(step_params, m, d)), mode)
+    def transition(m: Model, d: Data, step_params: tuple[Tensor, ...], batch: bool = False) -> tuple[Data, Any]:
+        law = elementwise(control.law, batch, (0 if batched_params else None, None, 0))
+        out = run_step(m, d.replace(ctrl=law(step_params, m, d)), mode, batch)
         if options is not None:  # the next step's input laid out like this one's: no recompile
-            out = canonical_layout(out, d)
-        return out, (out if observe is None else observe(m, out))
+            out = elementwise(canonical_layout, batch)(out, d)
+        return out, (out if observe is None else elementwise(observe, batch, (None, 0))(m, out))
 
     def batched(m: Model, d: Data, step_params: tuple[Tensor, ...]) -> tuple[Data, Any]:
-        # a function of its own, not torch.vmap's wrapper: Dynamo keys its cache on the code compiled, and
-        # the wrapper's code is shared by every vmapped function
-        return torch.vmap(transition, in_dims=(None, 0, 0 if batched_params else None))(m, d, step_params)
+        return transition(m, d, step_params, batch=True)
 
     run = batched if d.batch_dims else transition
     if options is None:

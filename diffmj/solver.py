@@ -30,10 +30,24 @@ a converged element is frozen with ``torch.where`` so a vmapped batch gives
 exactly what each element gives alone. An eager call stops as soon as every
 element has converged, with the same result; under torch.compile the loop body
 is traced once (workarounds.bounded_loop) and an unbatched call stops early too.
+
+A batch can be solved two ways with the same code. Under an outer torch.vmap
+(torch.vmap(diffmj.step)) every function here sees one element, and compiled
+loops run their full count (torch 2.13's while_loop has no vmap rule, so
+bounded_loop takes scan). With an explicit batch (solve_qacc's ``batched``, what
+diffmj.step does with batched Data) the loops run over the batch, a compiled
+while_loop stopping once every element is done, and the pieces between them are
+mapped over it with torch.vmap (workarounds.elementwise): the start
+(_solve_start), the halves of an iteration around its line search
+(_iteration_start, _iteration_finish) and one line-search step
+(_line_search_step). Each piece takes the batch's tensors it reads as arguments
+(the Inputs as input_dims lays them out): torch.vmap would see a closed-over
+batch whole. Unbatched, the same pieces run unmapped.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -41,7 +55,7 @@ from torch import Tensor
 
 from diffmj import math
 from diffmj.types import ConstraintState, Data, DisableBit, Model, SolverType
-from diffmj.workarounds import bounded_loop
+from diffmj.workarounds import bounded_loop, elementwise
 
 
 class Problem(NamedTuple):
@@ -215,7 +229,9 @@ def _prepare_line(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor) -> Line
     Jv = p.J @ search
     gauss1 = p.island_dofs @ (search * (p.M @ qacc - p.qfrc_smooth))
     gauss2 = 0.5 * (p.island_dofs @ (search * (p.M @ search)))
-    scalar = p.active
+    # a copy: under an explicit batch a vmapped piece returning p.active gives a view of the batch's, and the
+    # line search's while_loop refuses inputs that alias one another
+    scalar = p.active.clone()
     cones = []
     for rows, mu, friction in p.cones:
         scalar = scalar.index_fill(0, rows.reshape(-1), False)
@@ -337,9 +353,10 @@ def _update_bracket(end: LinePoint, candidates: tuple[LinePoint, ...]) -> tuple[
     return end, moved
 
 
-def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor, snorm: Tensor,
-                 ls_iterations: int, unroll: bool, early_exit: bool) -> LinePoint:
-    """MuJoCo's line search (PrimalSearch): the point it stops at along ``search``.
+def _line_search_start(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Tensor,
+                       snorm: Tensor) -> tuple[tuple, tuple]:
+    """MuJoCo's line search (PrimalSearch) along ``search``: its constants (line, forward, gtol) and the
+    carry of its loop (_line_search_step), whose fields 3:7 hold the point it stops at.
 
     A Newton step from alpha = 0; while the slope keeps its sign (and |slope| >= gtol), Newton
     steps onward; then a bracket [p1, p2] around the sign change, narrowed by each end's
@@ -349,6 +366,7 @@ def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Te
     improving end of the bracket (alpha = 0 if neither improves), or the midpoint when the
     bracket cannot move. Every evaluation counts, as MuJoCo counts them. Each island searches
     its own line (gtol, snorm and the result: [K]), as MuJoCo solves each island on its own.
+    Every evaluation spends the budget, so max(ls_iterations - 1, 1) steps reach a result.
     """
     line = _prepare_line(p, qacc, jar, search)
     p0 = _line_point(p, line, torch.zeros_like(gtol))
@@ -362,51 +380,52 @@ def _line_search(p: Problem, qacc: Tensor, jar: Tensor, search: Tensor, gtol: Te
     # island), which the while_loop that inductor lowers scan to refuses
     bracketing = done & ~done
     evaluations = (gtol * 0.0).long() + 2
-
-    def iterate(carry):
-        done, bracketing, evaluations = carry[:3]
-        p1, p2, p1_next, p2_next = (LinePoint(*carry[3 + 4 * i: 7 + 4 * i]) for i in range(4))
-        budget = evaluations < ls_iterations
-        # one evaluation: the Newton point from p1 (one-sided) or the bracket's midpoint
-        trial = _line_point(p, line, torch.where(bracketing, 0.5 * (p1.alpha + p2.alpha), _newton(p1)))
-
-        # one-sided: step on while the slope keeps its sign, else start the bracket from p1
-        descending = torch.where(forward, p1.slope <= -gtol, p1.slope >= gtol)
-        onward = ~done & ~bracketing & descending & budget
-        opening = ~done & ~bracketing & ~onward & budget
-        found = onward & (trial.slope.abs() < gtol) & (trial.cost < 0)
-        finished = found | (~done & ~bracketing & ~budget)  # out of evaluations: the last Newton point
-
-        # bracketed: the cheapest of the candidates with a small slope, else narrow the bracket
-        narrowing = ~done & bracketing & budget
-        candidates = (p1_next, p2_next, trial)
-        best, small = _no_step(gtol), torch.zeros_like(done)
-        for c in candidates:
-            take = (c.slope.abs() < gtol) & (~small | (c.cost < best.cost))
-            best, small = _pick(take, c, best), small | take
-        new_p1, moved1 = _update_bracket(p1, candidates)
-        new_p2, moved2 = _update_bracket(p2, candidates)
-        next_points = _line_point(p, line, torch.stack((_newton(new_p1), _newton(new_p2))))
-        converged = narrowing & small
-        stuck = narrowing & ~small & ~moved1 & ~moved2  # rounding stops the bracket: the midpoint
-        moving = narrowing & ~small
-        p1_better = (p1.cost <= p2.cost) & (p1.cost < 0)
-        exhausted = ~done & bracketing & ~budget
-        spent_end = _pick(p1_better, p1, _pick((p2.cost <= p1.cost) & (p2.cost < 0), p2, _no_step(gtol)))
-
-        result = _pick(converged, best, _pick(stuck, trial, spent_end))
-        p1_out = _pick(onward, trial, _pick(converged | stuck | exhausted, result, _pick(moving, new_p1, p1)))
-        p2_out = _pick(onward, p1, _pick(moving, new_p2, p2))
-        p1_next_out = _pick(opening, trial, _pick(moving & moved1, _index(next_points, 0), p1_next))
-        p2_next_out = _pick(opening, p1, _pick(moving & moved2, _index(next_points, 1), p2_next))
-        evaluations = evaluations + (onward | opening | narrowing).long() + (moving & moved1).long() + (
-            moving & moved2).long()
-        done = done | finished | converged | stuck | exhausted
-        return (done, bracketing | opening, evaluations, *p1_out, *p2_out, *p1_next_out, *p2_next_out)
-
-    # every evaluation spends the budget, so max(ls_iterations - 1, 1) passes reach a result
     carry = (done, bracketing, evaluations, *p1, *p0, *_no_step(gtol), *_no_step(gtol))  # p*_next: set when bracketing
-    return LinePoint(*bounded_loop(iterate, carry, max(ls_iterations - 1, 1), unroll, early_exit)[3:7])
+    return (line, forward, gtol), carry
+
+
+def _line_search_step(p: Problem, ls_iterations: int, consts: tuple, carry: tuple) -> tuple:
+    """One evaluation (two when narrowing a bracket) of the line search started by _line_search_start."""
+    line, forward, gtol = consts
+    done, bracketing, evaluations = carry[:3]
+    p1, p2, p1_next, p2_next = (LinePoint(*carry[3 + 4 * i: 7 + 4 * i]) for i in range(4))
+    budget = evaluations < ls_iterations
+    # one evaluation: the Newton point from p1 (one-sided) or the bracket's midpoint
+    trial = _line_point(p, line, torch.where(bracketing, 0.5 * (p1.alpha + p2.alpha), _newton(p1)))
+
+    # one-sided: step on while the slope keeps its sign, else start the bracket from p1
+    descending = torch.where(forward, p1.slope <= -gtol, p1.slope >= gtol)
+    onward = ~done & ~bracketing & descending & budget
+    opening = ~done & ~bracketing & ~onward & budget
+    found = onward & (trial.slope.abs() < gtol) & (trial.cost < 0)
+    finished = found | (~done & ~bracketing & ~budget)  # out of evaluations: the last Newton point
+
+    # bracketed: the cheapest of the candidates with a small slope, else narrow the bracket
+    narrowing = ~done & bracketing & budget
+    candidates = (p1_next, p2_next, trial)
+    best, small = _no_step(gtol), torch.zeros_like(done)
+    for c in candidates:
+        take = (c.slope.abs() < gtol) & (~small | (c.cost < best.cost))
+        best, small = _pick(take, c, best), small | take
+    new_p1, moved1 = _update_bracket(p1, candidates)
+    new_p2, moved2 = _update_bracket(p2, candidates)
+    next_points = _line_point(p, line, torch.stack((_newton(new_p1), _newton(new_p2))))
+    converged = narrowing & small
+    stuck = narrowing & ~small & ~moved1 & ~moved2  # rounding stops the bracket: the midpoint
+    moving = narrowing & ~small
+    p1_better = (p1.cost <= p2.cost) & (p1.cost < 0)
+    exhausted = ~done & bracketing & ~budget
+    spent_end = _pick(p1_better, p1, _pick((p2.cost <= p1.cost) & (p2.cost < 0), p2, _no_step(gtol)))
+
+    result = _pick(converged, best, _pick(stuck, trial, spent_end))
+    p1_out = _pick(onward, trial, _pick(converged | stuck | exhausted, result, _pick(moving, new_p1, p1)))
+    p2_out = _pick(onward, p1, _pick(moving, new_p2, p2))
+    p1_next_out = _pick(opening, trial, _pick(moving & moved1, _index(next_points, 0), p1_next))
+    p2_next_out = _pick(opening, p1, _pick(moving & moved2, _index(next_points, 1), p2_next))
+    evaluations = evaluations + (onward | opening | narrowing).long() + (moving & moved1).long() + (
+        moving & moved2).long()
+    done = done | finished | converged | stuck | exhausted
+    return (done, bracketing | opening, evaluations, *p1_out, *p2_out, *p1_next_out, *p2_next_out)
 
 
 def _index(point: LinePoint, i: int) -> LinePoint:
@@ -475,21 +494,22 @@ def islands(m: Model, d: Data) -> tuple[Tensor, Tensor]:
     return member @ plan.dof_tree.transpose(-1, -2), ((member @ touches.transpose(-1, -2)) > 0).to(dtype)
 
 
-def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
-    """The solve of Data d: static settings and tensor inputs."""
-    plan, opt = m.constraint_plan, m.opt
-    groups = [g for g in plan.contacts if plan.elliptic and g.dim > 1]
-    settings = Settings(
-        newton=opt.solver == SolverType.NEWTON,
-        iterations=opt.iterations,
-        ls_iterations=opt.ls_iterations,
-        early_exit=m.early_exit,
-        warmstart=not opt.disabled(DisableBit.WARMSTART),
-        ne=plan.ne,
-        nf=plan.nf,
-    )
+def _elliptic_groups(m: Model) -> list:
+    plan = m.constraint_plan
+    return [g for g in plan.contacts if plan.elliptic and g.dim > 1]
+
+
+def input_dims(ncone_groups: int) -> Inputs:
+    """torch.vmap's in_dims (out_dims) of a batch of Inputs with ncone_groups elliptic groups: the
+    model's cone rows and tolerances are shared by the batch, everything else has it first."""
+    shared = {"cone_rows": None, "tolerance": None, "ls_tolerance": None}
+    return Inputs(*(shared.get(field, 0) for field in Inputs._fields))
+
+
+def _inputs(m: Model, d: Data) -> Inputs:
+    groups = _elliptic_groups(m)
     island_dofs, island_rows = islands(m, d)
-    inputs = Inputs(
+    return Inputs(
         M=d.qM,
         M_chol=d.qLD,
         qfrc_smooth=d.qfrc_smooth,
@@ -503,12 +523,28 @@ def settings_and_inputs(m: Model, d: Data) -> tuple[Settings, Inputs]:
         active=d.efc_active,
         cone_rows=tuple(g.row[:, None] + torch.arange(g.dim, device=m.device) for g in groups),
         cone_friction=tuple(d.contact.friction[g.slot] for g in groups),
-        tolerance=opt.tolerance,
-        ls_tolerance=opt.ls_tolerance,
+        tolerance=m.opt.tolerance,
+        ls_tolerance=m.opt.ls_tolerance,
         island_dofs=island_dofs,
         island_rows=island_rows,
     )
-    return settings, inputs
+
+
+def settings_and_inputs(m: Model, d: Data, batched: bool = False) -> tuple[Settings, Inputs]:
+    """The solve of Data d (batched: of a batch [B], Inputs laid out as input_dims says): static
+    settings and tensor inputs."""
+    plan, opt = m.constraint_plan, m.opt
+    settings = Settings(
+        newton=opt.solver == SolverType.NEWTON,
+        iterations=opt.iterations,
+        ls_iterations=opt.ls_iterations,
+        early_exit=m.early_exit,
+        warmstart=not opt.disabled(DisableBit.WARMSTART),
+        ne=plan.ne,
+        nf=plan.nf,
+    )
+    dims = input_dims(len(_elliptic_groups(m)))
+    return settings, elementwise(_inputs, batched, (None, 0), dims)(m, d)
 
 
 def problem(settings: Settings, x: Inputs) -> Problem:
@@ -567,7 +603,89 @@ def hessian_factor(settings: Settings, x: Inputs, qacc: Tensor) -> Tensor:
     return math.cholesky(_hessian(p, upd))
 
 
-def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False) -> Tensor:
+def _dot(p: Problem, a: Tensor, b: Tensor) -> Tensor:
+    """a . b over each island's dofs. [K]"""
+    return p.island_dofs @ (a * b)
+
+
+def _norm(p: Problem, a: Tensor) -> Tensor:
+    return math.safe_sqrt(_dot(p, a, a))
+
+
+def _evaluate(p: Problem, newton: bool, qacc: Tensor) -> tuple[Tensor, Tensor, Update]:
+    """(jar, cost gradient, constraint update) at qacc."""
+    jar = p.J @ qacc - p.aref
+    upd = constraint_update(p, jar, with_hessian=newton)
+    grad = p.M @ qacc - p.qfrc_smooth - p.J.transpose(-1, -2) @ upd.force
+    return jar, grad, upd
+
+
+def _direction(p: Problem, newton: bool, upd: Update, grad: Tensor) -> Tensor:
+    """The preconditioned gradient: H^-1 grad (Newton) or M^-1 grad (CG)."""
+    chol = math.cholesky(_hessian(p, upd)) if newton else p.M_chol
+    return torch.cholesky_solve(grad[:, None], chol)[:, 0]
+
+
+def _solve_start(settings: Settings, x: Inputs) -> tuple[Tensor, tuple]:
+    """(scale [K]: 1 / trace of each island's M, the iterations' carry) at the warm start."""
+    p, newton, tol = problem(settings, x), settings.newton, x.tolerance
+    inertia = p.island_dofs @ torch.diagonal(p.M, dim1=-2, dim2=-1)
+    empty = inertia == 0  # an island slot without dofs: nothing to solve
+    scale = 1 / torch.where(empty, 1.0, inertia)
+    qacc = _warmstart(settings, p, x.qacc_warmstart)
+    jar, grad, upd = _evaluate(p, newton, qacc)
+    mgrad_m = torch.cholesky_solve(grad[:, None], p.M_chol)[:, 0]
+    gap_ok = torch.clamp(0.5 * scale * _dot(p, grad, mgrad_m), min=0) < tol
+    grad_ok = scale * _norm(p, grad) < tol
+    done = gap_ok & grad_ok if newton else gap_ok
+    mgrad = _direction(p, newton, upd, grad)
+    if newton:
+        done = done | (grad_ok & (torch.clamp(0.5 * scale * _dot(p, grad, mgrad), min=0) < tol))
+    return scale, (done | empty, qacc, jar, grad, mgrad, -mgrad)
+
+
+def _iteration_start(settings: Settings, x: Inputs, scale: Tensor, carry: tuple) -> tuple[tuple, tuple]:
+    """The first half of an iteration: the line search's constants and carry (_line_search_start)."""
+    p = problem(settings, x)
+    _, qacc, jar, _, _, search = carry
+    snorm = _norm(p, search)
+    gtol = x.tolerance * x.ls_tolerance * snorm / scale
+    return _line_search_start(p, qacc, jar, search, gtol, snorm)
+
+
+def _iteration_finish(settings: Settings, x: Inputs, scale: Tensor, carry: tuple, ls_carry: tuple) -> tuple:
+    """The second half of an iteration: the step to the line search's point, the new direction and tests."""
+    p, newton, tol = problem(settings, x), settings.newton, x.tolerance
+    done, qacc, jar, grad, mgrad, search = carry
+    step = LinePoint(*ls_carry[3:7])
+    stalled = step.alpha == 0  # MuJoCo stops an island when its line search returns no step
+    keep = done | stalled
+    alpha = torch.where(keep, 0.0, step.alpha)
+    new_qacc = qacc + (alpha @ p.island_dofs) * search
+    new_jar, new_grad, new_upd = _evaluate(p, newton, new_qacc)
+    new_mgrad = _direction(p, newton, new_upd, new_grad)
+    if newton:
+        new_search = -new_mgrad
+    else:
+        new_search = _hager_zhang(p, search, grad, mgrad, new_grad, new_mgrad)
+    improved = -scale * step.cost
+    converged = ((improved > 0) & (improved < tol)) | (scale * _norm(p, new_grad) < tol)
+    if newton:
+        converged = converged | (torch.clamp(0.5 * scale * _dot(p, new_grad, new_mgrad), min=0) < tol)
+    # dofs and rows of islands that move (rows in no island are inactive: either value serves)
+    moves = ((~keep).to(qacc.dtype) @ p.island_dofs) > 0
+    rows_move = ((~keep).to(qacc.dtype) @ p.island_rows) > 0
+    return (
+        keep | converged,
+        torch.where(moves, new_qacc, qacc),
+        torch.where(rows_move, new_jar, jar),
+        torch.where(moves, new_grad, grad),
+        torch.where(moves, new_mgrad, mgrad),
+        torch.where(moves, new_search, search),
+    )
+
+
+def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False, batched: bool = False) -> Tensor:
     """The constrained acceleration: MuJoCo's Newton or CG iterations from the warm start. [nv]
 
     Each island (islands()) is solved on its own, as MuJoCo solves them: its own line search,
@@ -576,79 +694,34 @@ def solve_qacc(settings: Settings, x: Inputs, unroll: bool = False) -> Tensor:
 
     unroll: the iterations are to be differentiated through (BackwardMode.UNROLL), so they run
     as a Python loop even under torch.compile (see workarounds.bounded_loop).
+
+    batched: x holds a batch [B, ...] (as batched_inputs lays it out) and the result is [B, nv].
+    The loops (iterations, and each iteration's line search) run over the whole batch, until every
+    element is done, and the pieces between them (start, the halves of an iteration, one line-search
+    step) are mapped over the batch with torch.vmap; unbatched, the same pieces run as they are.
     """
-    p = problem(settings, x)
-    newton = settings.newton
-    tol = x.tolerance
+    dims = input_dims(len(x.cone_rows))
 
-    def dot(a, b):  # per island [K]
-        return p.island_dofs @ (a * b)
+    def each(piece, *dims_after_x):
+        """piece(settings, x, *args) of one element, over the batch where batched."""
+        return elementwise(functools.partial(piece, settings), batched, (dims, *dims_after_x))
 
-    def norm(a):
-        return math.safe_sqrt(dot(a, a))
+    def line_search_step(x, consts, ls_carry):
+        return _line_search_step(problem(settings, x), settings.ls_iterations, consts, ls_carry)
 
-    inertia = p.island_dofs @ torch.diagonal(p.M, dim1=-2, dim2=-1)
-    empty = inertia == 0  # an island slot without dofs: nothing to solve
-    scale = 1 / torch.where(empty, 1.0, inertia)
-
-    def evaluate(qacc):
-        jar = p.J @ qacc - p.aref
-        upd = constraint_update(p, jar, with_hessian=newton)
-        grad = p.M @ qacc - p.qfrc_smooth - p.J.transpose(-1, -2) @ upd.force
-        return jar, grad, upd
-
-    def direction(upd, grad):
-        chol = math.cholesky(_hessian(p, upd)) if newton else p.M_chol
-        return torch.cholesky_solve(grad[:, None], chol)[:, 0]
-
-    qacc = _warmstart(settings, p, x.qacc_warmstart)
-    jar, grad, upd = evaluate(qacc)
-    mgrad_m = torch.cholesky_solve(grad[:, None], p.M_chol)[:, 0]
-    gap_ok = torch.clamp(0.5 * scale * dot(grad, mgrad_m), min=0) < tol
-    grad_ok = scale * norm(grad) < tol
-    done = gap_ok & grad_ok if newton else gap_ok
-    mgrad = direction(upd, grad)
-    if newton:
-        done = done | (grad_ok & (torch.clamp(0.5 * scale * dot(grad, mgrad), min=0) < tol))
-    done = done | empty
+    scale, carry = each(_solve_start)(x)
 
     def iterate(carry):
-        done, qacc, jar, grad, mgrad, search = carry
-        snorm = norm(search)
-        gtol = tol * x.ls_tolerance * snorm / scale
-        step = _line_search(p, qacc, jar, search, gtol, snorm, settings.ls_iterations, unroll, settings.early_exit)
-        stalled = step.alpha == 0  # MuJoCo stops an island when its line search returns no step
-        keep = done | stalled
-        alpha = torch.where(keep, 0.0, step.alpha)
-        new_qacc = qacc + (alpha @ p.island_dofs) * search
-        new_jar, new_grad, new_upd = evaluate(new_qacc)
-        new_mgrad = direction(new_upd, new_grad)
-        if newton:
-            new_search = -new_mgrad
-        else:
-            new_search = _hager_zhang(dot, norm, p.island_dofs, search, grad, mgrad, new_grad, new_mgrad)
-        improved = -scale * step.cost
-        converged = ((improved > 0) & (improved < tol)) | (scale * norm(new_grad) < tol)
-        if newton:
-            converged = converged | (torch.clamp(0.5 * scale * dot(new_grad, new_mgrad), min=0) < tol)
-        # dofs and rows of islands that move (rows in no island are inactive: either value serves)
-        moves = ((~keep).to(qacc.dtype) @ p.island_dofs) > 0
-        rows_move = ((~keep).to(qacc.dtype) @ p.island_rows) > 0
-        return (
-            keep | converged,
-            torch.where(moves, new_qacc, qacc),
-            torch.where(rows_move, new_jar, jar),
-            torch.where(moves, new_grad, grad),
-            torch.where(moves, new_mgrad, mgrad),
-            torch.where(moves, new_search, search),
-        )
+        consts, ls_carry = each(_iteration_start, 0, 0)(x, scale, carry)
+        step = elementwise(line_search_step, batched, (dims, 0, 0))
+        ls_carry = bounded_loop(lambda c: step(x, consts, c), ls_carry, max(settings.ls_iterations - 1, 1),
+                                unroll, settings.early_exit)
+        return each(_iteration_finish, 0, 0, 0)(x, scale, carry, ls_carry)
 
-    carry = (done, qacc, jar, grad, mgrad, -mgrad)
     return bounded_loop(iterate, carry, settings.iterations, unroll, settings.early_exit)[1]
 
 
-def finish(settings: Settings, x: Inputs, qacc: Tensor, d: Data) -> Data:
-    """Data with the solution: qacc, and the forces and states of the rows at qacc."""
+def _finish(settings: Settings, x: Inputs, qacc: Tensor, d: Data) -> Data:
     p = problem(settings, x)
     upd = constraint_update(p, p.J @ qacc - p.aref)
     return d.replace(
@@ -659,22 +732,28 @@ def finish(settings: Settings, x: Inputs, qacc: Tensor, d: Data) -> Data:
     )
 
 
-def solve(m: Model, d: Data) -> Data:
+def finish(settings: Settings, x: Inputs, qacc: Tensor, d: Data, batched: bool = False) -> Data:
+    """Data with the solution: qacc, and the forces and states of the rows at qacc (batched: of a batch)."""
+    dims = input_dims(len(x.cone_rows))
+    return elementwise(functools.partial(_finish, settings), batched, (dims, 0, 0))(x, qacc, d)
+
+
+def solve(m: Model, d: Data, batched: bool = False) -> Data:
     """Solve for qacc, differentiating through the iterations (BackwardMode.UNROLL)."""
-    settings, inputs = settings_and_inputs(m, d)
-    return finish(settings, inputs, solve_qacc(settings, inputs, unroll=True), d)
+    settings, inputs = settings_and_inputs(m, d, batched)
+    return finish(settings, inputs, solve_qacc(settings, inputs, unroll=True, batched=batched), d, batched)
 
 
-def _hager_zhang(dot, norm, island_dofs: Tensor, search: Tensor, grad: Tensor, mgrad: Tensor, new_grad: Tensor,
+def _hager_zhang(p: Problem, search: Tensor, grad: Tensor, mgrad: Tensor, new_grad: Tensor,
                  new_mgrad: Tensor) -> Tensor:
-    """Conjugate direction with MuJoCo's Hager-Zhang beta (one per island: ``dot`` and ``norm`` reduce
-    over each island's dofs [K]), restarting when conjugacy is lost."""
+    """Conjugate direction with MuJoCo's Hager-Zhang beta (one per island), restarting when conjugacy
+    is lost."""
     y = new_grad - grad
     My = new_mgrad - mgrad
-    d_dot_y = dot(search, y)
+    d_dot_y = _dot(p, search, y)
     ok = d_dot_y >= math.MINVAL
     dy = torch.where(ok, d_dot_y, 1.0)
-    beta_hz = (dot(y, new_mgrad) - 2 * (dot(y, My) / dy) * dot(search, new_grad)) / dy
-    eta_k = -1.0 / torch.clamp(norm(search) * torch.clamp(norm(new_grad), max=0.01), min=math.MINVAL)
+    beta_hz = (_dot(p, y, new_mgrad) - 2 * (_dot(p, y, My) / dy) * _dot(p, search, new_grad)) / dy
+    eta_k = -1.0 / torch.clamp(_norm(p, search) * torch.clamp(_norm(p, new_grad), max=0.01), min=math.MINVAL)
     beta = torch.where(ok, torch.maximum(eta_k, beta_hz), 0.0)
-    return -new_mgrad + (beta @ island_dofs) * search
+    return -new_mgrad + (beta @ p.island_dofs) * search

@@ -14,6 +14,9 @@ plain code would.
   adjoint's correction is traced at all.
 * ``bounded_loop``: a loop whose body Dynamo traces once (torch._higher_order_ops'
   while_loop / scan), so compile time does not grow with the iteration count.
+* ``elementwise``: an explicit batch, for a while_loop that stops when the whole batch is done:
+  2.13's while_loop has no vmap rule, so the loop runs over the batch and only its body's
+  per-element pieces are vmapped (``torch.vmap`` of a step falls back to ``scan``'s full count).
 """
 
 from __future__ import annotations
@@ -132,6 +135,16 @@ def _only_vmap_active() -> bool:
         return _only_vmap_active()
 
 
+def elementwise(piece: Callable, batched: bool, in_dims=0, out_dims=0) -> Callable:
+    """piece mapped over a leading batch dimension by torch.vmap(piece, in_dims, out_dims) when ``batched``,
+    else piece itself: one code path for one element and for an explicit batch.
+
+    A piece must take every batched tensor it reads as an argument: one it closes over is seen whole by
+    torch.vmap (all B elements at once), not per element.
+    """
+    return torch.vmap(piece, in_dims=in_dims, out_dims=out_dims) if batched else piece
+
+
 def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, unroll: bool = False,
                  early_exit: bool = True) -> tuple:
     """carry = body(carry) at most ``iterations`` times, stopping once all of carry[0] (bool ``done``) holds.
@@ -142,7 +155,8 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
     compile time would grow with ``iterations``; the body is traced once instead:
 
     * no functorch transform: ``while_loop``, which stops when done (without ``early_exit``:
-      ``scan`` for the full count, as under vmap);
+      ``scan`` for the full count, as under vmap); with an explicit batch (``elementwise``
+      pieces inside ``body``, done [B, ...]) it stops once every element is done;
     * only vmap: ``scan`` for the full count (2.13's while_loop has no vmap rule); the carry's
       initial values must be batched like the body's outputs;
     * grad / jvp transforms: the Python loop (2.13's scan and while_loop fail under them:

@@ -1,0 +1,113 @@
+"""The explicit batch: diffmj.step on batched Data solves the whole batch at once, its solver loops
+running over the batch (and stopping when every element is done), the pieces between them vmapped.
+
+It must equal stepping each element alone and torch.vmap(diffmj.step) (which runs the per-element code
+under vmap: under compile, the loops' full count), eager and compiled, values and gradients.
+"""
+
+from __future__ import annotations
+
+import mujoco
+import pytest
+import torch
+
+import diffmj
+from diffmj import workarounds
+from tests.conftest import ARM_ON_BOX, assert_close, settled_state
+
+FIELDS = ("qpos", "qvel", "act", "qacc", "efc_force", "qfrc_constraint", "sensordata")
+
+
+def arm_batch(integrator: str = "Euler", cone: str = "pyramidal", iterations: int = 100):
+    """ARM_ON_BOX (MuJoCo's 100 iterations) and a batch of three settled states, contact and limit rows
+    active in each, each converging in its own number of iterations."""
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=iterations))
+    mjm.opt.integrator = getattr(mujoco.mjtIntegrator, f"mjINT_{integrator.upper()}")
+    mjm.opt.cone = getattr(mujoco.mjtCone, f"mjCONE_{cone.upper()}")
+    m = diffmj.put_model(mjm)
+    batch = torch.stack([diffmj.put_data(m, settled_state(mjm, n, seed=n)) for n in (20, 40, 60)])
+    assert bool(diffmj.forward(m, batch).efc_active.any(-1).all())
+    return m, batch
+
+
+def assert_fields_close(out, expected, tol=1e-12):
+    for name in FIELDS:
+        assert_close(name, getattr(out, name), getattr(expected, name), tol, empty_ok=True)
+
+
+@pytest.mark.parametrize("integrator, cone", [("Euler", "pyramidal"), ("Euler", "elliptic"), ("RK4", "elliptic"),
+                                              ("implicitfast", "pyramidal")])
+def test_explicit_batch_equals_each_element_and_vmap(integrator, cone):
+    m, batch = arm_batch(integrator, cone)
+    out = diffmj.step(m, batch)
+    assert_fields_close(out, torch.vmap(diffmj.step, in_dims=(None, 0))(m, batch))
+    assert_fields_close(out, torch.stack([diffmj.step(m, batch[i]) for i in range(3)]))
+    assert_fields_close(diffmj.forward(m, batch[None]), diffmj.forward(m, batch)[None])  # two batch dims
+
+
+def _compile_recording_ops(fn, ops: set):
+    """torch.compile(fn, fullgraph=True) with aot_eager, noting the ops of Dynamo's graph."""
+
+    def backend(gm, example_inputs):
+        ops.update(node.target for node in gm.graph.nodes if node.op == "call_function")
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    return torch.compile(fn, fullgraph=True, backend=backend)
+
+
+def test_compiled_explicit_batch_stops_when_all_converge():
+    """Compiled, the batch's solver loop and its line searches are while_loops (no scan: no full count),
+    with eager's result, and the step fed its own output does not recompile."""
+    m, batch = arm_batch(cone="elliptic")
+    ops = set()
+    torch._dynamo.reset()
+    step = _compile_recording_ops(diffmj.step, ops)
+    out = step(m, batch)
+    assert_fields_close(out, diffmj.step(m, batch))
+    assert torch.ops.higher_order.while_loop in ops and torch.ops.higher_order.scan not in ops
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        step(m, out)
+
+
+def test_compiled_batch_loop_runs_until_every_element_is_done():
+    """bounded_loop over an explicit batch (a vmapped body inside a while_loop) runs as many passes as
+    its slowest element needs and no more: a pass counter that every pass increments shows it."""
+
+    def halve(x, carry):  # one element: halve until below 1
+        done, value, passes = carry
+        new = torch.where(done, value, value * 0.5)
+        return done | (new < 1), new, passes + 1
+
+    def run(x):
+        carry = (x < 1, x.clone(), torch.zeros_like(x, dtype=torch.int64))
+        step = workarounds.elementwise(halve, True, (0, 0))
+        return workarounds.bounded_loop(lambda c: step(x, c), carry, 100)
+
+    x = torch.tensor([3.0, 1.5, 0.5], dtype=torch.float64)  # 2, 1 and 0 halvings
+    for fn in (run, torch.compile(run, fullgraph=True, backend="aot_eager")):
+        done, value, passes = fn(x)
+        assert bool(done.all())
+        assert torch.equal(value, torch.tensor([0.75, 0.75, 0.5], dtype=torch.float64))
+        assert passes.tolist() == [2, 2, 2]
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled"])
+def test_gradient_through_explicit_batch_equals_each_element(compiled):
+    """The implicit adjoint of an explicit batch (its correction vmapped) gives each element's gradient
+    (eager, one element: the autograd.Function's), eager and compiled."""
+    m, batch = arm_batch(cone="elliptic")
+    ctrl = torch.linspace(-0.5, 0.5, 3, dtype=torch.float64)[:, None]
+
+    def loss(step, ctrl, d):
+        out = step(m, d.replace(ctrl=ctrl))
+        return (out.qvel ** 2).sum() + out.qpos[..., 2].sum()
+
+    def element_grad(i):
+        row = ctrl[i].clone().requires_grad_()
+        return torch.autograd.grad(loss(diffmj.step, row, batch[i]), row)[0]
+
+    expected = torch.stack([element_grad(i) for i in range(3)])
+    torch._dynamo.reset()
+    step = torch.compile(diffmj.step, fullgraph=True, backend="aot_eager") if compiled else diffmj.step
+    ctrl_in = ctrl.clone().requires_grad_()
+    assert_close("grad", torch.autograd.grad(loss(step, ctrl_in, batch), ctrl_in)[0], expected, 1e-10)
