@@ -58,8 +58,8 @@ from torch import Tensor
 
 from diffmj.collision.common import Candidates, GeomPose, MeshPose, compact, make_candidates, single_or_multi
 from diffmj.collision.convex import clip_contacts, cylinder_cap, cylinder_clip_feature, multicontact_choice
-from diffmj.collision.polytope import (ClipFeature, Polytope, batched, clip_feature, clip_features, face_normals,
-                                      facet_planes, line_parameters, mesh_polytope, polygon)
+from diffmj.collision.polytope import (MAX_CONTACTS, ClipFeature, Polytope, batched, clip_feature, clip_features,
+                                      face_normals, facet_planes, line_parameters, mesh_polytope, polygon)
 from diffmj.math import cross, dot, mat_t_vec, mat_vec, normalize
 
 CAPSULE_CONTACTS = 2  # the capsule's line clipped by a hull polygon
@@ -685,11 +685,12 @@ def cylinder_mesh(cylinder: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Ca
     return single_or_multi(single, _cylinder_multicontact(cylinder, p, con, margin)[:5], margin)
 
 
-def _cylinder_multicontact(cylinder: GeomPose, p: Polytope, con: _CylinderContact, margin: Tensor):
+def _cylinder_multicontact(cylinder: GeomPose, p: Polytope, con: _CylinderContact, margin: Tensor,
+                           max_contacts: int = MAX_CONTACTS):
     """mjc_multicontact of a cylinder (geom 1) and a hull (``polytope.clip_features``)."""
     half = 0.5 * margin[..., None]
     x1 = con.point1 + half * con.normal  # witness points of the geoms inflated by half the margin
     x2 = con.point2 - half * con.normal
     cylinder_side = ClipFeature(*cylinder_clip_feature(cylinder, con.normal, con.side, x1))
     return clip_features(cylinder_side, clip_feature(p, con.dim2, con.ids2), functools.partial(cylinder_cap, cylinder),
-                         functools.partial(polygon, p), x1, x2, margin)
+                         functools.partial(polygon, p), x1, x2, margin, max_contacts)

@@ -527,13 +527,14 @@ def clip_feature(p: Polytope, dim: Tensor, ids: Tensor) -> ClipFeature:
 
 
 def clip_features(feature1: ClipFeature, feature2: ClipFeature, polygon1, polygon2, x1: Tensor, x2: Tensor,
-                  margin: Tensor):
+                  margin: Tensor, max_contacts: int = MAX_CONTACTS):
     """MuJoCo 4's mjc_multicontact on two geoms' features (``convex.multicontact_choice``), for geoms
     inflated by half the margin [n] each: x1, x2 [n, 3] their inflated witness points; ``polygon1``,
     ``polygon2`` map face ids [n] to (vertices [n, K, 3] in clipping order, count [n]).
 
-    Returns (use [n], dist [n, 4], pos [n, 4, 3], normal [n, 4, 3], count [n], tied [n]): ``tied``, the
-    choice among equally large quadrilaterals is arbitrary (``convex.largest_quad``).
+    Returns (use [n], dist [n, c], pos [n, c, 3], normal [n, c, 3], count [n], tied [n]), c =
+    ``max_contacts`` (MuJoCo's 4; more: every vertex of the clipped polygon); ``tied``: the choice among
+    equally large quadrilaterals is arbitrary (``convex.largest_quad``).
     """
     half = 0.5 * margin[..., None]
     f1, f2 = feature1, feature2
@@ -560,7 +561,7 @@ def clip_features(feature1: ClipFeature, feature2: ClipFeature, polygon1, polygo
     wit = torch.where(face_face[..., None], normal2, -normal)
     inflate = torch.where(edge2[..., None], normal1, -normal2)  # from geom 1 towards geom 2
 
-    count, on_face, on_poly, dist, tied = clip_contacts(face, nface, poly, npoly, normal, wit, margin, MAX_CONTACTS,
+    count, on_face, on_poly, dist, tied = clip_contacts(face, nface, poly, npoly, normal, wit, margin, max_contacts,
                                                         ~face_face)
     witness1 = torch.where(edge1[..., None, None], on_poly, on_face) + half[..., None] * inflate[..., None, :]
     witness2 = torch.where(edge1[..., None, None], on_face, on_poly) - half[..., None] * inflate[..., None, :]

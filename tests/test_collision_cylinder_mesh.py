@@ -1,0 +1,119 @@
+"""Cylinder-mesh (collision/mesh_convex.py) against MuJoCo C (float64).
+
+MuJoCo's GJK / EPA run at ccd_tolerance 1e-14; diffmj's signed distance is
+exact, so the distances agree to rounding (TOL["ccd_dist"]) and positions
+and normals to MuJoCo's convergence error (TOL["ccd_contact"]), as for the
+other mesh pairs. The meshes are random convex hulls (Gaussian clouds,
+flattened) and a box-shaped mesh (coplanar triangles); the cylinder at
+seeded random poses, standing nearly upright above the hull (a cap within
+~5 degrees of a hull face: up to 4 contacts) or lying nearly flat (a side
+line on a face: 2); with and without margin. Where the four contacts are
+a quadrilateral among equally large ones of the clipped polygon (a cap's
+16-gon, whole or in part, has many: ``convex.largest_quad``), MuJoCo's
+strict comparisons pick one by the last bit of their rounding, diffmj the
+first: there each of MuJoCo's contacts is compared with the nearest vertex
+of diffmj's clipped polygon, as in test_collision_convex.py.
+"""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+import pytest
+import torch
+
+import diffmj
+from diffmj.collision import convex, mesh_convex
+from diffmj.collision.common import GeomPose, MeshPose
+from diffmj.collision.driver import collision
+from diffmj.collision.mesh import mesh_shape
+from diffmj.collision.mesh_convex import cylinder_mesh, mesh_polytope
+from tests.conftest import (CCD_TOL, TOL, as_numpy, assert_close, compare_contacts, emitted_contacts,
+                            finite_gradients_when_lowered, free_pair_model, mujoco_states)
+
+BOX = np.array([[x, y, z] for x in (-.1, .1) for y in (-.08, .08) for z in (-.04, .04)])
+
+
+def _pair_model(margin: float, seed: int = 0, size: str = ".03 .05") -> mujoco.MjModel:
+    """A free cylinder (geom 0) and a free mesh (geom 1): a random hull, or the box (seed None)."""
+    cloud = BOX if seed is None else \
+        np.random.default_rng(seed).standard_normal((20, 3)) * 0.1 * np.array([1, 1, 0.4])
+    return free_pair_model(f'<mesh name="m" vertex="{" ".join(map(str, cloud.ravel()))}"/>',
+                           f'<geom name="can" type="cylinder" size="{size}" margin="{margin}"/>',
+                           '<geom name="hull" type="mesh" mesh="m"/>')
+
+
+def _poses(rng, count: int, mode: str):
+    """qpos of the two free bodies: random, the cylinder upright ("cap") or lying ("side") above the hull,
+    both tilted by a few degrees."""
+    for _ in range(count):
+        if mode == "random":
+            quat = rng.standard_normal((2, 4))
+            pos = rng.uniform(-0.12, 0.12, (2, 3))
+        else:
+            lying = [np.cos(np.pi / 4), 0, np.sin(np.pi / 4), 0]  # the axis (z) turned about y to lie along x
+            quat = np.array([lying if mode == "side" else [1, 0, 0, 0], [1, 0, 0, 0]]) + \
+                rng.standard_normal((2, 4)) * 0.02
+            pos = np.array([[*rng.uniform(-0.05, 0.05, 2), rng.uniform(0.0, 0.15)], [0, 0, 0]])
+        yield np.concatenate((pos, quat / np.linalg.norm(quat, axis=1, keepdims=True)), 1).ravel()
+
+
+def _pair_inputs(m: diffmj.Model, d: diffmj.Data, margin: float):
+    """(the cylinder, the mesh as a MeshPose, margin) of the two-geom model, batched over one pair."""
+    plan = m.collision_plan
+    cylinder, hull = (GeomPose(d.geom_xpos[[g]], d.geom_xmat[[g]], m.geom_size[[g]]) for g in (0, 1))
+    return cylinder, MeshPose(hull, mesh_shape(plan.meshes, plan.geom_mesh[[1]])), torch.full((1,), margin,
+                                                                                            dtype=torch.float64)
+
+
+def _polygon_if_tied(m: diffmj.Model, d: diffmj.Data, margin: float):
+    """Where the pose's four contacts are a quadrilateral among equally large ones: every vertex of the
+    clipped polygon within the margin as a contact (dist [k], pos [k, 3], normal [k, 3]); else None."""
+    cylinder, hull, margin = _pair_inputs(m, d, margin)
+    p = mesh_polytope(hull)
+    con = mesh_convex._cylinder_contact(cylinder, p)
+    if not mesh_convex._cylinder_multicontact(cylinder, p, con, margin)[5]:
+        return None
+    every = max(convex._CAPACITY, 2 * p.poly_vert.shape[-1] + 4)
+    _, dist, pos, normal, count, _ = mesh_convex._cylinder_multicontact(cylinder, p, con, margin, every)
+    keep = (torch.arange(every) < count[0]) & (dist[0] < margin[0])
+    return dist[0, keep], pos[0, keep], normal[0, keep]
+
+
+def _assert_matches(mjm: mujoco.MjModel, poses, margin: float) -> tuple[list[int], int]:
+    """Contacts of each pose against MuJoCo's; returns MuJoCo's contact counts and how many were tied."""
+    m = diffmj.put_model(mjm)
+    counts, tied = [], 0
+    for mjd, d in mujoco_states(mjm, m, poses):
+        counts.append(mjd.ncon)
+        polygon = _polygon_if_tied(m, d, margin)
+        if polygon is None:
+            compare_contacts(m, collision(m, d), mjd, tol=CCD_TOL)
+            continue
+        tied += 1
+        assert mjd.ncon == 4 and int(torch.isfinite(collision(m, d).contact.dist).sum()) == 4
+        for c in mjd.contact[:4]:
+            nearest = int(torch.linalg.norm(polygon[1] - torch.as_tensor(c.pos), dim=-1).argmin())
+            assert_close("dist", float(polygon[0][nearest]), c.dist, TOL["ccd_dist"])
+            assert_close("pos", as_numpy(polygon[1][nearest]), c.pos, TOL["ccd_contact"])
+            assert_close("normal", as_numpy(polygon[2][nearest]), c.frame[:3], TOL["ccd_contact"])
+    return counts, tied
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.02])
+@pytest.mark.parametrize("mode", ["random", "cap", "side"])
+def test_cylinder_mesh_matches_mujoco(margin, mode):
+    counts, tied = _assert_matches(_pair_model(margin, seed={"random": 0, "cap": 1, "side": 2}[mode]),
+                                   _poses(np.random.default_rng(7), 60, mode), margin)
+    assert tied <= 15, tied
+    # outcomes exercised: misses, single contacts, a side line clipped (2), a cap clipped (4)
+    least = {"random": {0: 10, 1: 10}, "cap": {1: 5, 4: 1}, "side": {1: 5, 2: 3}}[mode]
+    assert all(counts.count(k) >= n for k, n in least.items()), counts
+
+
+@pytest.mark.parametrize("mode", ["random", "cap", "side"])
+def test_box_mesh_matches_mujoco(mode):
+    """A box-shaped mesh: its faces split into coplanar triangles, so features tie on the hull's side (and
+    a cap within a face's bounds is a whole 16-gon: always a tie among quadrilaterals)."""
+    counts, _ = _assert_matches(_pair_model(0.01, seed=None), _poses(np.random.default_rng(5), 40, mode), 0.01)
+    assert len(set(counts)) >= 2, counts
