@@ -3,7 +3,14 @@
 MuJoCo's GJK / EPA run at ccd_tolerance 1e-14; diffmj's signed distance is
 exact, so the distances agree to rounding (TOL["ccd_dist"]) and positions
 and normals to MuJoCo's convergence error (TOL["ccd_contact"]), as for the
-other mesh pairs. The meshes are random convex hulls (Gaussian clouds,
+other mesh pairs. A rim point against a hull edge is a curved contact, where
+MuJoCo's EPA locates the normal only to ~sqrt of its error in the support
+sum, as for ellipsoid-mesh: f at MuJoCo's single-contact normal (multi-CCD
+off) exceeds f at diffmj's by ``excess`` >= 0 (measured up to 2e-10), and
+normals and positions are compared to 1e-9 + SQRT_FACTOR sqrt(excess)
+(measured normal differences up to 1.6e-6). A side line clipped by a face
+starts at the single contact's rim point, so its contacts' distances carry
+that error too (measured 1.1e-7) and are compared to the same bound. The meshes are random convex hulls (Gaussian clouds,
 flattened) and a box-shaped mesh (coplanar triangles); the cylinder at
 seeded random poses, standing nearly upright above the hull (a cap within
 ~5 degrees of a hull face: up to 4 contacts) or lying nearly flat (a side
@@ -16,6 +23,8 @@ of diffmj's clipped polygon, as in test_collision_convex.py.
 """
 
 from __future__ import annotations
+
+import copy
 
 import mujoco
 import numpy as np
@@ -30,6 +39,7 @@ from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.mesh_convex import cylinder_mesh, mesh_polytope
 from tests.conftest import (CCD_TOL, TOL, as_numpy, assert_close, compare_contacts, emitted_contacts,
                             finite_gradients_when_lowered, free_pair_model, mujoco_states)
+from tests.test_collision_convex import SQRT_FACTOR, VALUE_ROUNDING
 
 BOX = np.array([[x, y, z] for x in (-.1, .1) for y in (-.08, .08) for z in (-.04, .04)])
 
@@ -80,15 +90,42 @@ def _polygon_if_tied(m: diffmj.Model, d: diffmj.Data, margin: float):
     return dist[0, keep], pos[0, keep], normal[0, keep]
 
 
+def _support_sum(m: diffmj.Model, d: diffmj.Data, normal: torch.Tensor) -> float:
+    """f(u) = h_cylinder(u) + h_hull(-u) at the unit normal u [3]: the least f is minus the distance."""
+    cylinder, hull, _ = _pair_inputs(m, d, 0.0)
+    vert = mesh_polytope(hull).vert[0]
+    return float(mesh_convex._cylinder_support(cylinder, normal[None])[0] + (-(vert @ normal)).max())
+
+
+def _tolerance(mjm: mujoco.MjModel, m: diffmj.Model, d: diffmj.Data, qpos) -> dict[str, float]:
+    """CCD_TOL, widened by MuJoCo's own convergence error where the contact is curved (see module doc)."""
+    single = copy.deepcopy(mjm)
+    single.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_MULTICCD
+    mjd = mujoco.MjData(single)
+    mjd.qpos[:] = qpos
+    mujoco.mj_forward(single, mjd)
+    if not mjd.ncon:
+        return CCD_TOL
+    cylinder, hull, _ = _pair_inputs(m, d, 0.0)
+    normal = mesh_convex._cylinder_contact(cylinder, mesh_polytope(hull)).normal[0]
+    excess = _support_sum(m, d, torch.as_tensor(mjd.contact.frame[0, :3])) - _support_sum(m, d, normal)
+    assert excess >= -VALUE_ROUNDING, f"MuJoCo's normal has a lower support sum by {-excess:.1e}"
+    curved = 1e-9 + SQRT_FACTOR * np.sqrt(excess + VALUE_ROUNDING)
+    multi = int(torch.isfinite(collision(m, d).contact.dist).sum()) > 1
+    return {"contact.dist": max(TOL["ccd_dist"], curved if multi else 0),
+            "contact.pos": max(TOL["ccd_contact"], curved), "contact.frame": max(TOL["ccd_contact"], curved)}
+
+
 def _assert_matches(mjm: mujoco.MjModel, poses, margin: float) -> tuple[list[int], int]:
     """Contacts of each pose against MuJoCo's; returns MuJoCo's contact counts and how many were tied."""
     m = diffmj.put_model(mjm)
     counts, tied = [], 0
-    for mjd, d in mujoco_states(mjm, m, poses):
+    poses = list(poses)
+    for qpos, (mjd, d) in zip(poses, mujoco_states(mjm, m, poses)):
         counts.append(mjd.ncon)
         polygon = _polygon_if_tied(m, d, margin)
         if polygon is None:
-            compare_contacts(m, collision(m, d), mjd, tol=CCD_TOL)
+            compare_contacts(m, collision(m, d), mjd, tol=_tolerance(mjm, m, d, qpos))
             continue
         tied += 1
         assert mjd.ncon == 4 and int(torch.isfinite(collision(m, d).contact.dist).sum()) == 4
@@ -104,8 +141,8 @@ def _assert_matches(mjm: mujoco.MjModel, poses, margin: float) -> tuple[list[int
 @pytest.mark.parametrize("mode", ["random", "cap", "side"])
 def test_cylinder_mesh_matches_mujoco(margin, mode):
     counts, tied = _assert_matches(_pair_model(margin, seed={"random": 0, "cap": 1, "side": 2}[mode]),
-                                   _poses(np.random.default_rng(7), 60, mode), margin)
-    assert tied <= 15, tied
+                                   _poses(np.random.default_rng(7), 100, mode), margin)
+    assert tied < len(counts) // 4, tied  # most compared exactly
     # outcomes exercised: misses, single contacts, a side line clipped (2), a cap clipped (4)
     least = {"random": {0: 10, 1: 10}, "cap": {1: 5, 4: 1}, "side": {1: 5, 2: 3}}[mode]
     assert all(counts.count(k) >= n for k, n in least.items()), counts
