@@ -154,3 +154,99 @@ def test_box_mesh_matches_mujoco(mode):
     a cap within a face's bounds is a whole 16-gon: always a tie among quadrilaterals)."""
     counts, _ = _assert_matches(_pair_model(0.01, seed=None), _poses(np.random.default_rng(5), 40, mode), 0.01)
     assert len(set(counts)) >= 2, counts
+
+
+# A square pyramid, apex up, and a pose of the cylinder (position, quaternion) for each pair of features
+# the contact can come from (the hull at the origin), found by search: the kind wins at that pose.
+PYRAMID = np.array([[x, y, 0] for x in (-.08, .08) for y in (-.08, .08)] + [[0, 0, .06]])
+FEATURE_POSES = {
+    "cap on the apex": (mesh_convex._CAP_VERTEX, [.004, .002, .107, 1, 0, 0, 0]),
+    "rim on a face": (mesh_convex._FACE, [.05, .005, .0925, .9997, 0, .025, 0]),
+    "side across an edge": (mesh_convex._SIDE_EDGE, [.0493, .0493, .0547, .7071, .5, .5, 0]),
+    "rim at an edge": (mesh_convex._RIM_EDGE, [.0489, .0285, .0823, .9976, .0643, -.0201, -.0136]),
+    "side on the apex": (mesh_convex._SIDE_VERTEX, [.003, .002, .088, .693, -.1405, .693, .1405]),
+    "rim near the apex (separated)": (mesh_convex._RIM_VERTEX, [.032, .001, .116, 1, 0, 0, 0]),
+}
+
+
+@pytest.mark.parametrize("case", FEATURE_POSES)
+def test_each_feature_pair_matches_mujoco_with_gradients(case):
+    """At a pose where each pair of features gives the contact: the search picks it, the contacts match
+    MuJoCo's, and their analytic gradients match finite differences."""
+    kind, pose = FEATURE_POSES[case]
+    mjm = free_pair_model(f'<mesh name="m" vertex="{" ".join(map(str, PYRAMID.ravel()))}"/>',
+                          '<geom name="can" type="cylinder" size=".03 .05" margin=".02"/>',
+                          '<geom name="hull" type="mesh" mesh="m"/>')
+    m = diffmj.put_model(mjm)
+    qpos = np.r_[pose, 0, 0, 0, 1, 0, 0, 0]
+    qpos[3:7] /= np.linalg.norm(qpos[3:7])
+    mjd, d = next(mujoco_states(mjm, m, [qpos]))
+    cylinder, hull, _ = _pair_inputs(m, d, 0.02)
+    with torch.no_grad():
+        candidates = mesh_convex._cylinder_candidates(cylinder, mesh_polytope(hull))
+    assert int(candidates.kind[0, candidates.value[0].argmin()]) == kind
+    assert mjd.ncon >= 1
+    compare_contacts(m, collision(m, d), mjd, tol=_tolerance(mjm, m, d, qpos))
+    assert torch.autograd.gradcheck(emitted_contacts(m, d), (d.qpos.clone().requires_grad_(),), eps=1e-7, atol=1e-6)
+
+
+def test_vmap_equals_batched():
+    """vmap over the pairs (each call sees one pair) equals the batched call, on poses with none, one, two
+    and four contacts."""
+    mjm = _pair_model(0.02, seed=1)
+    m = diffmj.put_model(mjm)
+    rng = np.random.default_rng(3)
+    poses = [*_poses(rng, 6, "cap"), *_poses(rng, 6, "side"), *_poses(rng, 6, "random")]
+    inputs = [_pair_inputs(m, d, 0.02) for _, d in mujoco_states(mjm, m, poses)]
+    cat = lambda parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else \
+        type(parts[0])(*(cat(x) for x in zip(*parts)))  # noqa: E731
+    cylinder, hull, margin = (cat([x[k] for x in inputs]) for k in range(3))
+    batched = cylinder_mesh(cylinder, hull, margin)
+    counts = {int(torch.isfinite(d).sum()) for d in batched.dist}
+    assert counts == {0, 1, 2, 4}, counts
+    for a, b in zip(torch.vmap(cylinder_mesh)(cylinder, hull, margin), batched):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_gradients_finite_through_make_and_break():
+    """d(contacts) / d(qpos) is finite as the cylinder is lowered through the hull (separated within the
+    margin, touching, penetrating), upright (a cap on a face: four contacts), lying (a side line: two) and
+    at a random tilt."""
+    poses = [next(_poses(np.random.default_rng(seed), 1, mode)) for seed, mode in ((6, "cap"), (6, "side"),
+                                                                                  (2, "random"))]
+    for qpos in poses:
+        qpos[[0, 1, 7, 8, 9]] = 0  # the hull at the origin, the cylinder lowered onto it
+    seen = finite_gradients_when_lowered(_pair_model(0.02, seed=1), poses, 2, np.linspace(0.15, -0.05, 11))
+    assert {0, 1, 2, 4} <= seen, seen
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_multicontact_gradcheck(count):
+    """Analytic gradients of the clipped contacts match finite differences: a side line on a face (two), a
+    cap on a face (four), at the first seeded pose with that many contacts and no tie among quadrilaterals."""
+    mjm = _pair_model(0.0, seed=1)
+    m = diffmj.put_model(mjm)
+    poses = _poses(np.random.default_rng(12), 200, "side" if count == 2 else "cap")
+    for mjd, d in mujoco_states(mjm, m, poses):
+        if mjd.ncon == count and _polygon_if_tied(m, d, 0.0) is None:
+            break
+    else:
+        raise AssertionError(f"no pose with {count} contacts")
+    assert int(torch.isfinite(collision(m, d).contact.dist).sum()) == count
+    assert torch.autograd.gradcheck(emitted_contacts(m, d), (d.qpos.clone().requires_grad_(),), eps=1e-7, atol=1e-6)
+
+
+@pytest.mark.slow  # the compile takes minutes on the loaded 2-core machine
+def test_compiled_equals_eager():
+    """collision compiled (fullgraph) equals eager at a cylinder-mesh pose with four contacts."""
+    mjm = _pair_model(0.02, seed=1)
+    m = diffmj.put_model(mjm)
+    for mjd, d in mujoco_states(mjm, m, _poses(np.random.default_rng(3), 50, "cap")):
+        if mjd.ncon == 4:
+            break
+    compiled = torch.compile(lambda d: collision(m, d).contact, fullgraph=True)(d)
+    eager = collision(m, d).contact
+    assert torch.isfinite(eager.dist).sum() == 4
+    for name in ("dist", "pos", "frame", "active"):
+        torch.testing.assert_close(getattr(compiled, name), getattr(eager, name), rtol=0, atol=TOL["compiled"],
+                                   equal_nan=True)
