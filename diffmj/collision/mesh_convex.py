@@ -1,5 +1,5 @@
-"""Capsule-mesh and ellipsoid-mesh collision: MuJoCo's mjc_Convex for a capsule or an ellipsoid and a
-mesh's convex hull.
+"""Capsule-mesh, ellipsoid-mesh and cylinder-mesh collision: MuJoCo's mjc_Convex for a capsule, an
+ellipsoid or a cylinder and a mesh's convex hull.
 
 MuJoCo shrinks a capsule to its axis segment for GJK (``mjc_ccd``): where the
 segment is separated from the hull the contact is the segment's distance
@@ -42,6 +42,11 @@ All searches run without gradient in float64; the contact is then recomputed
 from the chosen features with gradient (the derivative of the optimum is the
 derivative at fixed features; for the ellipsoid, one Newton step of the stationary point from the
 converged one carries it).
+
+**Cylinder-mesh** (up to 4 contacts): the same support-function sum, whose least value lies on a
+face of the Minkowski difference of the cylinder and the hull or (separated) on a crease of it: one
+candidate normal per pair of features (see ``cylinder_mesh``); a rim point against a hull edge is a
+1-D search in the rim angle. MuJoCo 4's multi-contact then clips a cap or a side line on a hull face.
 
 Shapes: ``n`` pairs; a single pair without the leading dim is accepted (as
 under ``torch.vmap`` over the pairs).
@@ -261,6 +266,15 @@ def _bisect(fn, low: Tensor, high: Tensor) -> Tensor:
     return 0.5 * (low + high)
 
 
+def _in_edge_cone(n1: Tensor, n2: Tensor, e: Tensor, w: Tensor) -> Tensor:
+    """Whether w [..., 3], orthogonal to a hull edge's direction e, lies in the cone of the outward normals
+    n1, n2 of the edge's two triangles (the hull's support along w is then the edge), to a rounding slack;
+    never for a flat edge (coplanar triangles: their normal is the triangle's candidate). Broadcasts."""
+    span, one, two = dot(cross(n1, n2), e), dot(cross(n1, w), e), dot(cross(w, n2), e)
+    tol = 1e-9 * span.abs()
+    return (one * torch.sign(span) >= -tol) & (two * torch.sign(span) >= -tol) & (dot(w, n1 + n2) > 0) & (span != 0)
+
+
 def _stationary_normals(axes: Tensor, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The normals of the axis-aligned ellipse / ellipsoid with semi-axes axes [..., k] at every boundary
     point x whose normal passes through z [..., k] (z inside or outside): the roots t of Eberly's
@@ -348,11 +362,7 @@ def _ellipsoid_candidates(size: Tensor, p: Polytope):
     edge_u, exists = _edge_normals(size, ends)  # [n, E, 4, 3]
     n1, n2 = (_rows(normal, p.edge_facet[..., k])[..., None, :] for k in range(2))
     e = (ends[..., 1, :] - ends[..., 0, :])[..., None, :]
-    # -u in the cone of the two triangle normals
-    span, one, two = dot(cross(n1, n2), e), dot(cross(n1, -edge_u), e), dot(cross(-edge_u, n2), e)
-    tol = 1e-9 * span.abs()
-    within = (one * torch.sign(span) >= -tol) & (two * torch.sign(span) >= -tol) & (dot(-edge_u, n1 + n2) > 0)
-    within = within & exists & (p.edge[..., 0] >= 0)[..., None] & (span != 0)
+    within = _in_edge_cone(n1, n2, e, -edge_u) & exists & (p.edge[..., 0] >= 0)[..., None]
     edge_value = torch.where(within, _support_value(size[..., None, None, :], edge_u)
                              - dot(edge_u, ends[..., None, 0, :]), torch.inf).flatten(-2)
     edge_u = edge_u.flatten(-3, -2)
@@ -530,8 +540,9 @@ def _cylinder_candidates(cylinder: GeomPose, p: Polytope) -> _CylinderCandidates
     direction, length = normalize(ends[..., 1, :] - ends[..., 0, :])
     across, across_length = normalize(cross(axis[..., None, :], direction))
     u = signs[:, None] * across[..., None, :]  # [n, E, 2, 3]
-    start = p.edge[..., :1].expand(*p.edge.shape[:-1], 2)
-    ok = (p.edge[..., :1] >= 0) & (across_length[..., None] > 1e-12) & _supports(p, start, u)
+    n1, n2 = (_rows(normal, p.edge_facet[..., k]) for k in range(2))  # [n, E, 3]
+    ok = (p.edge[..., :1] >= 0) & (across_length[..., None] > 1e-12) & \
+        _in_edge_cone(n1[..., None, :], n2[..., None, :], direction[..., None, :], -u)
     add(_SIDE_EDGE, u.flatten(-3, -2), torch.where(ok, _cylinder_support(cylinder, u) - dot(u, ends[..., None, 0, :]),
                                                      torch.inf).flatten(-2),
         torch.arange(p.edge.shape[-2], device=device).repeat_interleave(2).expand(n, -1), signs.repeat(p.edge.shape[-2]))
@@ -548,7 +559,8 @@ def _cylinder_candidates(cylinder: GeomPose, p: Polytope) -> _CylinderCandidates
     u = u * torch.sign(dot(u, radial))[..., None]  # in the rim point's normal cone: outwards, and towards its cap
     rim_sign = signs[:, None, None]
     ok = exists & (u_length > 1e-12) & (dot(u, axis[..., None, None, None, :]) * rim_sign > 0) & \
-        (p.edge[..., None, :, None, 0] >= 0) & _supports(p, p.edge[..., None, :, None, 0].expand_as(phi), u)
+        (p.edge[..., None, :, None, 0] >= 0) & \
+        _in_edge_cone(*(x[..., None, :, None, :] for x in (n1, n2, direction)), -u)
     value = torch.where(ok, _cylinder_support(cylinder, u) - dot(u, ends[..., None, :, None, 0, :]), torch.inf)
     add(_RIM_EDGE, u.flatten(-4, -2), value.flatten(-3),
         torch.arange(p.edge.shape[-2], device=device)[:, None].expand_as(phi).flatten(-3),
