@@ -38,7 +38,7 @@ from diffmj.collision.driver import collision
 from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.mesh_convex import cylinder_mesh, mesh_polytope
 from tests.conftest import (CCD_TOL, TOL, as_numpy, assert_close, compare_contacts, emitted_contacts,
-                            finite_gradients_when_lowered, free_pair_model, mujoco_states)
+                            finite_gradients_when_lowered, free_pair_model, mujoco_states, vmap_equals_batched)
 from tests.test_collision_convex import SQRT_FACTOR, VALUE_ROUNDING
 
 BOX = np.array([[x, y, z] for x in (-.1, .1) for y in (-.08, .08) for z in (-.04, .04)])
@@ -198,14 +198,8 @@ def test_vmap_equals_batched():
     rng = np.random.default_rng(3)
     poses = [*_poses(rng, 6, "cap"), *_poses(rng, 6, "side"), *_poses(rng, 6, "random")]
     inputs = [_pair_inputs(m, d, 0.02) for _, d in mujoco_states(mjm, m, poses)]
-    cat = lambda parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else \
-        type(parts[0])(*(cat(x) for x in zip(*parts)))  # noqa: E731
-    cylinder, hull, margin = (cat([x[k] for x in inputs]) for k in range(3))
-    batched = cylinder_mesh(cylinder, hull, margin)
-    counts = {int(torch.isfinite(d).sum()) for d in batched.dist}
+    counts = vmap_equals_batched(cylinder_mesh, inputs)
     assert counts == {0, 1, 2, 4}, counts
-    for a, b in zip(torch.vmap(cylinder_mesh)(cylinder, hull, margin), batched):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_gradients_finite_through_make_and_break():
