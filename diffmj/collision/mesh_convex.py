@@ -61,7 +61,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from diffmj.collision.common import Candidates, GeomPose, MeshPose, compact, make_candidates, single_or_multi
+from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_candidates, single_or_multi
 from diffmj.collision.convex import clip_contacts, cylinder_cap, cylinder_clip_feature, multicontact_choice
 from diffmj.collision.polytope import (MAX_CONTACTS, ClipFeature, Polytope, batched, clip_feature, clip_features,
                                       face_normals, facet_planes, line_parameters, mesh_polytope, polygon)
@@ -442,6 +442,7 @@ def ellipsoid_mesh(ellipsoid: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> 
 
 _RIM_SAMPLES = 32  # samples of a rim's angle bracketing the (at most 4) roots of the rim-edge condition
 _RIM_ROOTS = 4
+_RIM_ITERATIONS = 24  # safeguarded Newton steps per root (bisection alone: a bracket 1e-7 wide)
 
 
 def _cylinder_support(cylinder: GeomPose, u: Tensor) -> Tensor:
@@ -462,13 +463,16 @@ def _supports(p: Polytope, vertex: Tensor, u: Tensor) -> Tensor:
     return (edge >= 0).any(-1) & ((rise <= scale) | (edge < 0)).all(-1)
 
 
-def _rim_edge_condition(phi: Tensor, coef: tuple[Tensor, ...]) -> Tensor:
-    """t(phi) . (p(phi) - q(phi)) at rim angles phi [...]: p the rim point, t its unit tangent, q p's
-    projection on the edge line; zero where the rim and the line are at a stationary distance.
-    ``coef`` (see _rim_edge_coefficients) broadcast against phi."""
+def _rim_edge_condition(phi: Tensor, coef: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """t(phi) . (p(phi) - q(phi)) at rim angles phi [...] and its derivative in phi: p the rim point, t its
+    unit tangent, q p's projection on the edge line; zero where the rim and the line are at a stationary
+    distance. ``coef`` (see _rim_edge_coefficients) broadcast against phi."""
     b1, b2, e0, e1, e2, radius = coef
     cos, sin = torch.cos(phi), torch.sin(phi)
-    return -sin * b1 + cos * b2 - (e0 + radius * (cos * e1 + sin * e2)) * (-sin * e1 + cos * e2)
+    along, across = -sin * e1 + cos * e2, cos * e1 + sin * e2  # the edge's direction along t and along p - c
+    reach = e0 + radius * across
+    return (-sin * b1 + cos * b2 - reach * along,
+            -cos * b1 - sin * b2 - radius * along * along + reach * across)
 
 
 def _rim_edge_coefficients(rim_centre: Tensor, cylinder: GeomPose, start: Tensor, e: Tensor):
@@ -483,19 +487,29 @@ def _rim_edge_coefficients(rim_centre: Tensor, cylinder: GeomPose, start: Tensor
 
 def _rim_edge_roots(coef: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
     """The roots phi [..., 4] of _rim_edge_condition in [0, 2 pi) (a trigonometric polynomial of degree 2:
-    at most 4), bracketed between _RIM_SAMPLES samples and bisected; and which exist [..., 4]."""
+    at most 4), bracketed between _RIM_SAMPLES samples, and which exist [..., 4]. Each bracket is narrowed
+    by Newton steps that stay inside it and at least halve the previous step, else by bisection
+    (Numerical Recipes' rtsafe)."""
     step = 2 * math.pi / _RIM_SAMPLES
     grid = torch.arange(_RIM_SAMPLES, dtype=coef[0].dtype, device=coef[0].device) * step
-    value = _rim_edge_condition(grid, tuple(c[..., None] for c in coef))
+    coef = tuple(c[..., None] for c in coef)
+    value = _rim_edge_condition(grid, coef)[0]
     change = (value > 0) != (value.roll(-1, -1) > 0)
-    exists, low = compact(change, _RIM_ROOTS, grid.expand_as(value))
+    # the first _RIM_ROOTS sign changes: earlier samples rank higher
+    rank, at = (change * torch.arange(_RIM_SAMPLES, 0, -1, device=grid.device)).topk(_RIM_ROOTS, -1)
+    low = at * step
     high = low + step
-    rising = _rim_edge_condition(low, tuple(c[..., None] for c in coef)) <= 0
-    for _ in range(_BISECTIONS // 2):
-        mid = 0.5 * (low + high)
-        above = _rim_edge_condition(mid, tuple(c[..., None] for c in coef)) > 0
-        low, high = torch.where(above != rising, mid, low), torch.where(above != rising, high, mid)
-    return 0.5 * (low + high), exists
+    rising = torch.take_along_dim(value, at, -1) <= 0
+    phi, last = low + 0.5 * step, torch.full_like(low, step)
+    for _ in range(_RIM_ITERATIONS):
+        f, slope = _rim_edge_condition(phi, coef)
+        beyond = (f > 0) == rising  # the root lies below phi
+        low, high = torch.where(beyond, low, phi), torch.where(beyond, phi, high)
+        newton = f / torch.where(slope != 0, slope, 1.0)
+        take = (slope != 0) & (phi - newton > low) & (phi - newton < high) & (2 * newton.abs() < last)
+        moved = torch.where(take, phi - newton, 0.5 * (low + high))
+        last, phi = (moved - phi).abs(), moved
+    return phi, rank > 0
 
 
 # the contact's features: the cylinder's (cap, side line or rim point) and the hull's (vertex, edge, triangle)
@@ -584,14 +598,6 @@ def _cylinder_candidates(cylinder: GeomPose, p: Polytope) -> _CylinderCandidates
     return _CylinderCandidates(*(torch.cat(parts, -2 if k == 1 else -1) for k, parts in enumerate(zip(*blocks))))
 
 
-def _rim_edge_slope(phi: Tensor, coef: tuple[Tensor, ...]) -> Tensor:
-    """d/dphi of _rim_edge_condition."""
-    b1, b2, e0, e1, e2, radius = coef
-    cos, sin = torch.cos(phi), torch.sin(phi)
-    along = -sin * e1 + cos * e2
-    return -cos * b1 - sin * b2 - radius * along * along + (e0 + radius * (cos * e1 + sin * e2)) * (cos * e1 + sin * e2)
-
-
 class _CylinderContact(NamedTuple):
     dist: Tensor  # [n] signed distance of the cylinder and the hull
     normal: Tensor  # [n, 3] from the cylinder to the hull
@@ -652,8 +658,8 @@ def _cylinder_contact(cylinder: GeomPose, p: Polytope) -> _CylinderContact:
     side_point = centre + s[..., None] * axis + radius[..., None] * side_u
     direction = normalize(q1 - q0)[0]
     coef = _rim_edge_coefficients(rim_centre, cylinder, q0, direction)
-    slope = _rim_edge_slope(phi, coef)
-    phi = phi - _rim_edge_condition(phi, coef) / torch.where(slope != 0, slope, 1.0)
+    condition, slope = _rim_edge_condition(phi, coef)
+    phi = phi - condition / torch.where(slope != 0, slope, 1.0)
     x, y = cylinder.mat[..., :, 0], cylinder.mat[..., :, 1]
     radial = torch.cos(phi)[..., None] * x + torch.sin(phi)[..., None] * y
     rim_edge_u = normalize(cross(-torch.sin(phi)[..., None] * x + torch.cos(phi)[..., None] * y, direction))[0]
