@@ -7,12 +7,13 @@ Run from the repository root in diffmj's venv:
     python benchmarks/mesh_collision.py --pair box      # box-mesh -> benchmarks/results/mesh_collision_box.json
     python benchmarks/mesh_collision.py --pair capsule  # capsule-mesh -> benchmarks/results/mesh_collision_capsule.json
     python benchmarks/mesh_collision.py --pair ellipsoid  # ellipsoid-mesh -> .../mesh_collision_ellipsoid.json
+    python benchmarks/mesh_collision.py --pair cylinder  # cylinder-mesh -> .../mesh_collision_cylinder.json
 
 Each mesh is a point cloud on a sphere (every vertex on the convex hull, so
 the hull has as many vertices as the mesh), sunk 5 mm into a plane, into a
-box, into a lying capsule, into an ellipsoid, or into a second copy of itself
-(the contact count is recorded). diffmj runs its pair function (``plane_mesh``,
-``box_mesh``, ``capsule_mesh``, ``ellipsoid_mesh``, ``mesh_mesh``) on B
+box, into a lying capsule, into an ellipsoid, into a cylinder's cap, or into a
+second copy of itself (the contact count is recorded). diffmj runs its pair function
+(``plane_mesh``, ``box_mesh``, ``capsule_mesh``, ``ellipsoid_mesh``, ``cylinder_mesh``, ``mesh_mesh``) on B
 copies of the pair in one call (eager, and ``torch.compile(fullgraph=True)``);
 MuJoCo C runs ``mj_collision`` on a model holding that one pair. The cost per
 pair is the median call time over B. Float64, CPU, one thread each.
@@ -34,7 +35,7 @@ import torch
 import diffmj
 from diffmj.collision.common import GeomPose, MeshPose
 from diffmj.collision.mesh import mesh_shape, plane_mesh
-from diffmj.collision.mesh_convex import capsule_mesh, ellipsoid_mesh
+from diffmj.collision.mesh_convex import capsule_mesh, cylinder_mesh, ellipsoid_mesh
 from diffmj.collision.polytope import box_mesh, mesh_mesh
 
 BENCH = Path(__file__).resolve().parent
@@ -47,6 +48,7 @@ FIRST = {"plane": ('<geom type="plane" size="1 1 .1"/>', plane_mesh),
          "box": ('<geom type="box" size=".2 .2 .1" pos="0 0 -.1"/>', box_mesh),
          "capsule": ('<geom type="capsule" size=".05 .2" pos="0 0 -.05" euler="0 90 0"/>', capsule_mesh),
          "ellipsoid": ('<geom type="ellipsoid" size=".2 .15 .1" pos="0 0 -.1"/>', ellipsoid_mesh),
+         "cylinder": ('<geom type="cylinder" size=".2 .05" pos="0 0 -.05"/>', cylinder_mesh),
          "mesh": ('<geom type="mesh" mesh="m" pos="0 0 -.1" euler="1 2 3"/>', mesh_mesh)}
 
 

@@ -330,6 +330,23 @@ def mujoco_states(mjm: mujoco.MjModel, m: diffmj.Model, poses):
         yield mjd, diffmj.put_data(m, mjd)
 
 
+def _concatenated(parts: list):
+    """Per-pose pair inputs (tensors, or named tuples of them, nested) concatenated along the pairs."""
+    if isinstance(parts[0], torch.Tensor):
+        return torch.cat(parts)
+    return type(parts[0])(*(_concatenated(list(x)) for x in zip(*parts)))
+
+
+def vmap_equals_batched(fn, inputs: list[tuple]) -> set[int]:
+    """Asserts that ``torch.vmap(fn)`` over the pairs (each call sees one pair) equals ``fn`` on all of them;
+    ``inputs``: each pose's (geom 1, geom 2, margin), batched over one pair. Returns the contact counts met."""
+    args = [_concatenated([x[k] for x in inputs]) for k in range(3)]
+    batched = fn(*args)
+    for a, b in zip(torch.vmap(fn)(*args), batched):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    return {int(torch.isfinite(d).sum()) for d in batched.dist}
+
+
 def assert_contacts_match(mjm: mujoco.MjModel, poses, tol: float | dict = CCD_TOL) -> list[int]:
     """Contacts of each pose against MuJoCo's; returns MuJoCo's contact counts."""
     m = diffmj.put_model(mjm)

@@ -26,7 +26,7 @@ from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.mesh_convex import capsule_mesh, ellipsoid_mesh, mesh_polytope
 from diffmj.smooth import kinematics
 from tests.conftest import (TOL, as_numpy, assert_close, assert_contacts_match, emitted_contacts,
-                            finite_gradients_when_lowered, free_pair_model, mujoco_states)
+                            finite_gradients_when_lowered, free_pair_model, mujoco_states, vmap_equals_batched)
 from tests.test_collision_convex import SQRT_FACTOR, VALUE_ROUNDING
 from tests.test_collision_polytope import assert_grasp_matches, closed_grasp
 from tests.test_solver import converged
@@ -78,14 +78,8 @@ def test_vmap_equals_batched():
     rng = np.random.default_rng(3)
     poses = [*_poses(rng, 5, True), *_poses(rng, 5, False)]
     inputs = [_pair_inputs(m, d, 0.02) for _, d in mujoco_states(mjm, m, poses)]
-    cat = lambda parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else \
-        type(parts[0])(*(cat(x) for x in zip(*parts)))  # noqa: E731
-    capsule, hull, margin = (cat([x[k] for x in inputs]) for k in range(3))
-    batched = capsule_mesh(capsule, hull, margin)
-    counts = {int(torch.isfinite(d).sum()) for d in batched.dist}
+    counts = vmap_equals_batched(capsule_mesh, inputs)
     assert counts == {0, 1, 2}, counts
-    for a, b in zip(torch.vmap(capsule_mesh)(capsule, hull, margin), batched):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_gradients_finite_through_make_and_break():
@@ -229,13 +223,7 @@ def test_ellipsoid_mesh_vmap_and_gradients():
     m = diffmj.put_model(mjm)
     rng = np.random.default_rng(3)
     inputs = [_pair_inputs(m, d, 0.02) for _, d in mujoco_states(mjm, m, _poses(rng, 10, False))]
-    cat = lambda parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else \
-        type(parts[0])(*(cat(x) for x in zip(*parts)))  # noqa: E731
-    egg, hull, margin = (cat([x[k] for x in inputs]) for k in range(3))
-    batched = ellipsoid_mesh(egg, hull, margin)
-    assert {int(torch.isfinite(d).sum()) for d in batched.dist} == {0, 1}
-    for a, b in zip(torch.vmap(ellipsoid_mesh)(egg, hull, margin), batched):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert vmap_equals_batched(ellipsoid_mesh, inputs) == {0, 1}
 
     poses = [next(_poses(np.random.default_rng(6), 1, False))]
     poses[0][[0, 1, 7, 8, 9]] = 0  # the ellipsoid above the hull's centre

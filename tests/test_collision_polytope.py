@@ -168,14 +168,6 @@ def test_gradcheck(case):
     assert torch.autograd.gradcheck(emitted_contacts(m, d), (qpos,), eps=1e-7, atol=1e-6)
 
 
-def test_other_mesh_pairs_refused_by_name():
-    xml = """<mujoco><asset><mesh name="m" vertex="0 0 0 1 0 0 0 1 0 0 0 1"/></asset><worldbody>
-      <body><freejoint/><geom name="hull" type="mesh" mesh="m"/></body>
-      <body><freejoint/><geom name="can" type="cylinder" size=".1 .2"/></body></worldbody></mujoco>"""
-    with pytest.raises(NotImplementedError, match="geom pair 'can' \\(cylinder\\) - 'hull' \\(mesh\\): collision"):
-        diffmj.put_model(mujoco.MjModel.from_xml_string(xml))
-
-
 # A gripper: two mesh fingers on slide joints, position-controlled, closing on a mesh object on the floor.
 GRIPPER = """
 <mujoco><option timestep="0.004" ccd_tolerance="1e-14" ccd_iterations="3000"/>

@@ -91,8 +91,8 @@ def test_model_is_a_pytree():
 CONVEX_PAIR = ('<body><freejoint/><geom name="a" type="capsule" size=".1 .2"/></body>'
                '<body pos="1 0 0"><freejoint/><geom name="b" type="cylinder" size=".1 .2"/></body>')
 REFUSED = {
-    "mesh pair": '<body><freejoint/><geom name="a" type="cylinder" size=".1 .2"/></body>'
-    '<body pos="1 0 0"><freejoint/><geom name="b" type="mesh" mesh="tetra"/></body>',
+    "heightfield pair": '<geom name="a" type="hfield" hfield="h"/>'
+    '<body pos="0 0 1"><freejoint/><geom name="b" type="sphere" size=".1"/></body>',
     "multiccd": CONVEX_PAIR,
     "nativeccd": CONVEX_PAIR,
     "sensors": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
@@ -100,7 +100,7 @@ REFUSED = {
     "dcmotor thermal": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
     "dcmotor controller": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
 }
-ASSET = {"mesh pair": '<asset><mesh name="tetra" vertex="0 0 0 .1 0 0 0 .1 0 0 0 .1"/></asset>'}
+ASSET = {"heightfield pair": '<asset><hfield name="h" nrow="3" ncol="3" size="1 1 .1 .1"/></asset>'}
 EXTRA = {
     "sensors": '<sensor><user name="u" dim="1"/></sensor>',
     "user dynamics": '<actuator><general joint="j" dyntype="user"/></actuator>',
@@ -114,7 +114,7 @@ OPTION = {
     "nativeccd": '<option><flag nativeccd="disable"/></option>',
 }
 MESSAGE = {
-    "mesh pair": "geom pair 'a' \\(cylinder\\) - 'b' \\(mesh\\): collision",
+    "heightfield pair": "geom pair 'a' \\(hfield\\) - 'b' \\(sphere\\): collision",
     "multiccd": "flag 'multiccd' disabled for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
     "nativeccd": "flag 'nativeccd' disabled \\(libccd\\) for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
     "sensors": "sensor 'u': type 'user'",

@@ -708,6 +708,24 @@ def _face_polygon(kind: GeomType, geom: GeomPose, index: Tensor) -> tuple[Tensor
     return _local_to_world(geom, local), torch.full_like(index, 16)
 
 
+def cylinder_clip_feature(cylinder: GeomPose, normal: Tensor, side: Tensor, witness: Tensor):
+    """A cylinder's faces and edges for mjc_multicontact against another geom, as for the pairs here:
+    ``normal`` [n, 3] from the cylinder to the other geom, ``side`` [n] whether the contact is on its side
+    line (else at a cap's rim or face), ``witness`` [n, 3] its inflated witness point.
+
+    Returns (normals [n, 1, 3], cap ids [n, 1], in use [n, 1], dim [n], start [n, 3], ends [n, 1, 3],
+    directions [n, 1, 3], in use [n, 1]) (``polytope.ClipFeature``'s fields).
+    """
+    feat = _feature(GeomType.CYLINDER, cylinder, normal, side[..., None], witness)
+    return (*_face_normals(GeomType.CYLINDER, cylinder, feat), feat.dim,
+            *_edges(GeomType.CYLINDER, cylinder, feat, witness))
+
+
+def cylinder_cap(cylinder: GeomPose, index: Tensor) -> tuple[Tensor, Tensor]:
+    """MuJoCo's 16-gon of cap ``index`` [n] (0 top, 1 bottom): vertices [n, 16, 3], count [n]."""
+    return _face_polygon(GeomType.CYLINDER, cylinder, index)
+
+
 _CAPACITY = 2 * _MAXVERT + 4  # vertices of a clipped polygon of the primitive geoms' faces
 
 

@@ -1,5 +1,5 @@
-"""Capsule-mesh and ellipsoid-mesh collision: MuJoCo's mjc_Convex for a capsule or an ellipsoid and a
-mesh's convex hull.
+"""Capsule-mesh, ellipsoid-mesh and cylinder-mesh collision: MuJoCo's mjc_Convex for a capsule, an
+ellipsoid or a cylinder and a mesh's convex hull.
 
 MuJoCo shrinks a capsule to its axis segment for GJK (``mjc_ccd``): where the
 segment is separated from the hull the contact is the segment's distance
@@ -43,21 +43,28 @@ from the chosen features with gradient (the derivative of the optimum is the
 derivative at fixed features; for the ellipsoid, one Newton step of the stationary point from the
 converged one carries it).
 
+**Cylinder-mesh** (up to 4 contacts): the same support-function sum, whose least value lies on a
+face of the Minkowski difference of the cylinder and the hull or (separated) on a crease of it: one
+candidate normal per pair of features (see ``cylinder_mesh``); a rim point against a hull edge is a
+1-D search in the rim angle. MuJoCo 4's multi-contact then clips a cap or a side line on a hull face.
+
 Shapes: ``n`` pairs; a single pair without the leading dim is accepted (as
 under ``torch.vmap`` over the pairs).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_candidates, single_or_multi
-from diffmj.collision.convex import clip_contacts, multicontact_choice
-from diffmj.collision.polytope import (Polytope, batched, face_normals, facet_planes, line_parameters, mesh_polytope,
-                                      polygon)
+from diffmj.collision.convex import clip_contacts, cylinder_cap, cylinder_clip_feature, multicontact_choice
+from diffmj.collision.polytope import (MAX_CONTACTS, ClipFeature, Polytope, batched, clip_feature, clip_features,
+                                      face_normals, facet_planes, line_parameters, mesh_polytope, polygon)
 from diffmj.math import cross, dot, mat_t_vec, mat_vec, normalize
 
 CAPSULE_CONTACTS = 2  # the capsule's line clipped by a hull polygon
@@ -259,6 +266,15 @@ def _bisect(fn, low: Tensor, high: Tensor) -> Tensor:
     return 0.5 * (low + high)
 
 
+def _in_edge_cone(n1: Tensor, n2: Tensor, e: Tensor, w: Tensor) -> Tensor:
+    """Whether w [..., 3], orthogonal to a hull edge's direction e, lies in the cone of the outward normals
+    n1, n2 of the edge's two triangles (the hull's support along w is then the edge), to a rounding slack;
+    never for a flat edge (coplanar triangles: their normal is the triangle's candidate). Broadcasts."""
+    span, one, two = dot(cross(n1, n2), e), dot(cross(n1, w), e), dot(cross(w, n2), e)
+    tol = 1e-9 * span.abs()
+    return (one * torch.sign(span) >= -tol) & (two * torch.sign(span) >= -tol) & (dot(w, n1 + n2) > 0) & (span != 0)
+
+
 def _stationary_normals(axes: Tensor, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The normals of the axis-aligned ellipse / ellipsoid with semi-axes axes [..., k] at every boundary
     point x whose normal passes through z [..., k] (z inside or outside): the roots t of Eberly's
@@ -346,11 +362,7 @@ def _ellipsoid_candidates(size: Tensor, p: Polytope):
     edge_u, exists = _edge_normals(size, ends)  # [n, E, 4, 3]
     n1, n2 = (_rows(normal, p.edge_facet[..., k])[..., None, :] for k in range(2))
     e = (ends[..., 1, :] - ends[..., 0, :])[..., None, :]
-    # -u in the cone of the two triangle normals
-    span, one, two = dot(cross(n1, n2), e), dot(cross(n1, -edge_u), e), dot(cross(-edge_u, n2), e)
-    tol = 1e-9 * span.abs()
-    within = (one * torch.sign(span) >= -tol) & (two * torch.sign(span) >= -tol) & (dot(-edge_u, n1 + n2) > 0)
-    within = within & exists & (p.edge[..., 0] >= 0)[..., None] & (span != 0)
+    within = _in_edge_cone(n1, n2, e, -edge_u) & exists & (p.edge[..., 0] >= 0)[..., None]
     edge_value = torch.where(within, _support_value(size[..., None, None, :], edge_u)
                              - dot(edge_u, ends[..., None, 0, :]), torch.inf).flatten(-2)
     edge_u = edge_u.flatten(-3, -2)
@@ -424,3 +436,279 @@ def ellipsoid_mesh(ellipsoid: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> 
     """Ellipsoid-mesh (mjc_Convex, one contact) [n, 1] (see module doc)."""
     dist, normal, pos = _ellipsoid_contact(ellipsoid, mesh_polytope(mesh_geom))
     return make_candidates((dist < margin)[..., None], dist[..., None], pos[..., None, :], normal[..., None, :])
+
+
+# ---------------------------------------------------------------- cylinder-mesh
+
+_RIM_SAMPLES = 32  # samples of a rim's angle bracketing the (at most 4) roots of the rim-edge condition
+_RIM_ROOTS = 4
+_RIM_ITERATIONS = 24  # safeguarded Newton steps per root (bisection alone: a bracket 1e-7 wide)
+
+
+def _cylinder_support(cylinder: GeomPose, u: Tensor) -> Tensor:
+    """The cylinder's support function [n, ...] at unit u [n, ..., 3]: c.u + h |u.a| + r |P u|."""
+    extra = (None,) * (u.dim() - cylinder.pos.dim())
+    centre, axis = cylinder.pos[(..., *extra, slice(None))], cylinder.mat[(..., *extra, slice(None), 2)]
+    radius, half = (cylinder.size[(..., *extra, k)] for k in (0, 1))
+    along = dot(u, axis)
+    return dot(u, centre) + half * along.abs() + radius * torch.sqrt((dot(u, u) - along * along).clamp(min=0))
+
+
+def _supports(p: Polytope, vertex: Tensor, u: Tensor) -> Tensor:
+    """Whether hull vertex ``vertex`` [n, C] is the hull's lowest along u [n, C, 3] (its support along -u),
+    to a rounding slack: no neighbour along its polygons lies lower. A vertex on no polygon supports nothing."""
+    rise = dot(-u[..., None, :], _rows(p.vert, _rows(p.vert_edge, vertex)) - _rows(p.vert, vertex)[..., None, :])
+    scale = 1e-9 * (p.vert.amax(-2) - p.vert.amin(-2)).abs().amax(-1).reshape(-1, *(1,) * (vertex.dim()))
+    edge = _rows(p.vert_edge, vertex)
+    return (edge >= 0).any(-1) & ((rise <= scale) | (edge < 0)).all(-1)
+
+
+def _rim_edge_condition(phi: Tensor, coef: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """t(phi) . (p(phi) - q(phi)) at rim angles phi [...] and its derivative in phi: p the rim point, t its
+    unit tangent, q p's projection on the edge line; zero where the rim and the line are at a stationary
+    distance. ``coef`` (see _rim_edge_coefficients) broadcast against phi."""
+    b1, b2, e0, e1, e2, radius = coef
+    cos, sin = torch.cos(phi), torch.sin(phi)
+    along, across = -sin * e1 + cos * e2, cos * e1 + sin * e2  # the edge's direction along t and along p - c
+    reach = e0 + radius * across
+    return (-sin * b1 + cos * b2 - reach * along,
+            -cos * b1 - sin * b2 - radius * along * along + reach * across)
+
+
+def _rim_edge_coefficients(rim_centre: Tensor, cylinder: GeomPose, start: Tensor, e: Tensor):
+    """Coefficients of _rim_edge_condition for rims centred at rim_centre [..., 3] (axes x, y of the
+    cylinder frame ``cylinder.mat`` broadcast to it) and edge lines start [..., 3] + s e (unit e)."""
+    extra = (None,) * (rim_centre.dim() - cylinder.pos.dim())
+    x, y = (cylinder.mat[(..., *extra, slice(None), k)] for k in (0, 1))
+    offset = rim_centre - start
+    radius = cylinder.size[(..., *extra, 0)]
+    return dot(x, offset), dot(y, offset), dot(e, offset), dot(x, e), dot(y, e), radius
+
+
+def _rim_edge_roots(coef: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """The roots phi [..., 4] of _rim_edge_condition in [0, 2 pi) (a trigonometric polynomial of degree 2:
+    at most 4), bracketed between _RIM_SAMPLES samples, and which exist [..., 4]. Each bracket is narrowed
+    by Newton steps that stay inside it and at least halve the previous step, else by bisection
+    (Numerical Recipes' rtsafe)."""
+    step = 2 * math.pi / _RIM_SAMPLES
+    grid = torch.arange(_RIM_SAMPLES, dtype=coef[0].dtype, device=coef[0].device) * step
+    coef = tuple(c[..., None] for c in coef)
+    value = _rim_edge_condition(grid, coef)[0]
+    change = (value > 0) != (value.roll(-1, -1) > 0)
+    # the first _RIM_ROOTS sign changes: earlier samples rank higher
+    rank, at = (change * torch.arange(_RIM_SAMPLES, 0, -1, device=grid.device)).topk(_RIM_ROOTS, -1)
+    low = at * step
+    high = low + step
+    rising = torch.take_along_dim(value, at, -1) <= 0
+    phi, last = low + 0.5 * step, torch.full_like(low, step)
+    for _ in range(_RIM_ITERATIONS):
+        f, slope = _rim_edge_condition(phi, coef)
+        beyond = (f > 0) == rising  # the root lies below phi
+        low, high = torch.where(beyond, low, phi), torch.where(beyond, phi, high)
+        newton = f / torch.where(slope != 0, slope, 1.0)
+        take = (slope != 0) & (phi - newton > low) & (phi - newton < high) & (2 * newton.abs() < last)
+        moved = torch.where(take, phi - newton, 0.5 * (low + high))
+        last, phi = (moved - phi).abs(), moved
+    return phi, rank > 0
+
+
+# the contact's features: the cylinder's (cap, side line or rim point) and the hull's (vertex, edge, triangle)
+_CAP_VERTEX, _FACE, _SIDE_EDGE, _RIM_EDGE, _SIDE_VERTEX, _RIM_VERTEX = range(6)
+
+
+class _CylinderCandidates(NamedTuple):
+    """Candidate normals of the cylinder-hull contact (no gradient), one per column [n, C]."""
+
+    value: Tensor  # f(u) = h_cylinder(u) + h_hull(-u) where the hull feature supports -u, else inf
+    u: Tensor  # [n, C, 3] unit, from the cylinder to the hull
+    kind: Tensor  # _CAP_VERTEX ... _RIM_VERTEX
+    feature: Tensor  # the hull's vertex, triangle or edge
+    sign: Tensor  # +-1: the cap (+ the top) of a cap or rim, the orientation of a side-edge normal
+    phi: Tensor  # a rim-edge root's angle on the rim (cylinder frame x towards y)
+
+
+def _cylinder_candidates(cylinder: GeomPose, p: Polytope) -> _CylinderCandidates:
+    """Every stationary normal of f(u) = h_cylinder(u) + h_hull(-u) on the unit sphere, by the pair of
+    features whose Minkowski difference it is normal to (see cylinder_mesh)."""
+    n, device, dtype = p.vert.shape[0], p.vert.device, p.vert.dtype
+    centre, axis, radius, half = cylinder.pos, cylinder.mat[..., :, 2], cylinder.size[..., 0], cylinder.size[..., 1]
+    signs = torch.tensor([1.0, -1.0], dtype=dtype, device=device)
+    blocks = []
+
+    def add(kind, u, value, feature, sign, phi=None):
+        blocks.append((value, u, torch.full_like(feature, kind), feature, sign.expand_as(value),
+                       torch.zeros_like(value) if phi is None else phi))
+
+    # a cap flat on the hull's lowest vertex along +-axis
+    u = signs[:, None] * axis[..., None, :]  # [n, 2, 3]
+    lowest = (u @ p.vert.transpose(-1, -2)).argmin(-1)
+    add(_CAP_VERTEX, u, _cylinder_support(cylinder, u) - dot(u, _rows(p.vert, lowest)), lowest, signs)
+
+    # a rim point (or a cap or side line) on a triangle
+    normal, offset, ok = facet_planes(p)
+    add(_FACE, -normal, torch.where(ok, _cylinder_support(cylinder, -normal) + offset, torch.inf),
+        torch.arange(normal.shape[-2], device=device).expand(n, -1), signs[:1])
+
+    # a side line across an edge
+    ends = _rows(p.vert, p.edge)  # [n, E, 2, 3]
+    direction, length = normalize(ends[..., 1, :] - ends[..., 0, :])
+    across, across_length = normalize(cross(axis[..., None, :], direction))
+    u = signs[:, None] * across[..., None, :]  # [n, E, 2, 3]
+    n1, n2 = (_rows(normal, p.edge_facet[..., k]) for k in range(2))  # [n, E, 3]
+    ok = (p.edge[..., :1] >= 0) & (across_length[..., None] > 1e-12) & \
+        _in_edge_cone(n1[..., None, :], n2[..., None, :], direction[..., None, :], -u)
+    add(_SIDE_EDGE, u.flatten(-3, -2), torch.where(ok, _cylinder_support(cylinder, u) - dot(u, ends[..., None, 0, :]),
+                                                     torch.inf).flatten(-2),
+        torch.arange(p.edge.shape[-2], device=device).repeat_interleave(2).expand(n, -1), signs.repeat(p.edge.shape[-2]))
+
+    # a rim point at a stationary distance from an edge's line
+    rim_centre = centre[..., None, :] + (signs[:, None] * half[..., None, None]) * axis[..., None, :]  # [n, 2, 3]
+    coef = _rim_edge_coefficients(rim_centre[..., :, None, :], cylinder, ends[..., None, :, 0, :],
+                                  direction[..., None, :, :])  # each [n, 2, E]
+    phi, exists = _rim_edge_roots(coef)  # [n, 2, E, 4]
+    x, y = cylinder.mat[..., None, None, None, :, 0], cylinder.mat[..., None, None, None, :, 1]
+    radial = torch.cos(phi)[..., None] * x + torch.sin(phi)[..., None] * y
+    tangent = -torch.sin(phi)[..., None] * x + torch.cos(phi)[..., None] * y
+    u, u_length = normalize(cross(tangent, direction[..., None, :, None, :]))
+    u = u * torch.sign(dot(u, radial))[..., None]  # in the rim point's normal cone: outwards, and towards its cap
+    rim_sign = signs[:, None, None]
+    ok = exists & (u_length > 1e-12) & (dot(u, axis[..., None, None, None, :]) * rim_sign > 0) & \
+        (p.edge[..., None, :, None, 0] >= 0) & \
+        _in_edge_cone(*(x[..., None, :, None, :] for x in (n1, n2, direction)), -u)
+    value = torch.where(ok, _cylinder_support(cylinder, u) - dot(u, ends[..., None, :, None, 0, :]), torch.inf)
+    add(_RIM_EDGE, u.flatten(-4, -2), value.flatten(-3),
+        torch.arange(p.edge.shape[-2], device=device)[:, None].expand_as(phi).flatten(-3),
+        rim_sign.expand_as(phi).flatten(-3), phi.flatten(-3))
+
+    # the side, or a rim point, nearest a vertex
+    ids = torch.arange(p.vert.shape[-2], device=device).expand(n, -1)
+    offset = p.vert - centre[..., None, :]
+    height = dot(offset, axis[..., None, :])
+    out, out_length = normalize(offset - height[..., None] * axis[..., None, :])
+    ok = (out_length > 1e-12) & _supports(p, ids, out)
+    add(_SIDE_VERTEX, out, torch.where(ok, _cylinder_support(cylinder, out) - dot(out, p.vert), torch.inf), ids,
+        signs[:1])
+    rim = rim_centre[..., :, None, :] + radius[..., None, None, None] * out[..., None, :, :]  # [n, 2, V, 3]
+    u, gap = normalize(p.vert[..., None, :, :] - rim)
+    within = (dot(u, axis[..., None, None, :]) * signs[:, None] > 0) & (dot(u, out[..., None, :, :]) > 0)
+    ok = within & (gap > 0) & (out_length[..., None, :] > 1e-12) & _supports(p, ids[..., None, :].expand(n, 2, -1), u)
+    add(_RIM_VERTEX, u.flatten(-3, -2),
+        torch.where(ok, _cylinder_support(cylinder, u) - dot(u, p.vert[..., None, :, :]), torch.inf).flatten(-2),
+        ids.repeat(1, 2), signs.repeat_interleave(p.vert.shape[-2]))
+    return _CylinderCandidates(*(torch.cat(parts, -2 if k == 1 else -1) for k, parts in enumerate(zip(*blocks))))
+
+
+class _CylinderContact(NamedTuple):
+    dist: Tensor  # [n] signed distance of the cylinder and the hull
+    normal: Tensor  # [n, 3] from the cylinder to the hull
+    point1: Tensor  # [n, 3] witness on the cylinder
+    point2: Tensor  # [n, 3] witness on the hull
+    side: Tensor  # [n] the cylinder's feature is a side line (else a cap or a rim point)
+    dim2: Tensor  # [n] the hull's feature: 1 vertex, 2 edge, 3 triangle
+    ids2: Tensor  # [n, 3] its vertex ids (the first dim2 count, the last repeated)
+
+
+def _cylinder_contact(cylinder: GeomPose, p: Polytope) -> _CylinderContact:
+    """Signed distance, normal, witnesses and features, with gradient (see cylinder_mesh)."""
+    with torch.no_grad():
+        q = Polytope(*(x.detach().double() if x.is_floating_point() else x for x in p))
+        qc = GeomPose(*(x.detach().double() for x in cylinder))
+        cand = _cylinder_candidates(qc, q)
+        _, pick = (-cand.value).topk(min(_RECHECK, cand.value.shape[-1]), -1)  # rechecked with full supports
+        u = _rows(cand.u, pick)
+        exact = _cylinder_support(qc, u) + (-u @ q.vert.transpose(-1, -2)).amax(-1)
+        best = _rows(pick, exact.argmin(-1))
+        kind, feature, sign, phi = (_rows(x, best) for x in (cand.kind, cand.feature, cand.sign, cand.phi))
+    dtype = cylinder.pos.dtype
+    sign, phi = sign.to(dtype), phi.to(dtype)
+    centre, axis, radius, half = cylinder.pos, cylinder.mat[..., :, 2], cylinder.size[..., 0], cylinder.size[..., 1]
+    is_vertex = (kind == _CAP_VERTEX) | (kind == _SIDE_VERTEX) | (kind == _RIM_VERTEX)
+    is_edge = (kind == _SIDE_EDGE) | (kind == _RIM_EDGE)
+    rim_centre = centre + (sign * half)[..., None] * axis
+
+    # a hull vertex: under a cap, beside the side, or nearest a rim point
+    vertex_id = torch.where(is_vertex, feature, 0)
+    vertex = _rows(p.vert, vertex_id)
+    offset = vertex - centre
+    out = normalize(offset - dot(offset, axis)[..., None] * axis)[0]
+    cap_u = sign[..., None] * axis
+    cap_dist = dot(cap_u, offset) - half
+    side_dist = dot(out, offset) - radius
+    rim = rim_centre + radius[..., None] * out
+    rim_u, rim_dist = normalize(vertex - rim)
+    vertex_u = torch.where((kind == _CAP_VERTEX)[..., None], cap_u, torch.where((kind == _SIDE_VERTEX)[..., None],
+                                                                                out, rim_u))
+    vertex_dist = torch.where(kind == _CAP_VERTEX, cap_dist, torch.where(kind == _SIDE_VERTEX, side_dist, rim_dist))
+
+    # a triangle: the cylinder's lowest rim point along its normal
+    facet = _rows(p.facet, torch.where(kind == _FACE, feature, 0))
+    corner = _rows(p.vert, facet)
+    face_u = -normalize(cross(corner[..., 1, :] - corner[..., 0, :], corner[..., 2, :] - corner[..., 0, :]))[0]
+    along = dot(face_u, axis)
+    face_rim = centre + (torch.sign(along.detach()) * half)[..., None] * axis + \
+        radius[..., None] * normalize(face_u - along[..., None] * axis)[0]
+    face_dist = dot(face_u, corner[..., 0, :] - face_rim)
+
+    # an edge: across the side line (the nearest points of the axis and the edge lines), or nearest a rim
+    # point (one Newton step of the rim angle from the converged root)
+    edge = _rows(p.edge, torch.where(is_edge, feature, 0))
+    q0, q1 = (_rows(p.vert, edge[..., k]) for k in (0, 1))
+    side_u = sign[..., None] * normalize(cross(axis, q1 - q0))[0]
+    s, t = line_parameters(centre, centre + axis, q0, q1)
+    side_point = centre + s[..., None] * axis + radius[..., None] * side_u
+    direction = normalize(q1 - q0)[0]
+    coef = _rim_edge_coefficients(rim_centre, cylinder, q0, direction)
+    condition, slope = _rim_edge_condition(phi, coef)
+    phi = phi - condition / torch.where(slope != 0, slope, 1.0)
+    x, y = cylinder.mat[..., :, 0], cylinder.mat[..., :, 1]
+    radial = torch.cos(phi)[..., None] * x + torch.sin(phi)[..., None] * y
+    rim_edge_u = normalize(cross(-torch.sin(phi)[..., None] * x + torch.cos(phi)[..., None] * y, direction))[0]
+    rim_edge_u = rim_edge_u * torch.sign(dot(rim_edge_u, radial)).detach()[..., None]
+    rim_point = rim_centre + radius[..., None] * radial
+    edge_u = torch.where((kind == _SIDE_EDGE)[..., None], side_u, rim_edge_u)
+    edge_point1 = torch.where((kind == _SIDE_EDGE)[..., None], side_point, rim_point)
+    edge_dist = dot(edge_u, q0 - edge_point1)
+
+    vertex_point1 = vertex - vertex_dist[..., None] * vertex_u
+    v, e = is_vertex[..., None], is_edge[..., None]
+    normal = torch.where(v, vertex_u, torch.where(e, edge_u, face_u))
+    dist = torch.where(is_vertex, vertex_dist, torch.where(is_edge, edge_dist, face_dist))
+    point1 = torch.where(v, vertex_point1, torch.where(e, edge_point1, face_rim))
+    ids2 = torch.where(v, vertex_id[..., None].expand(*vertex_id.shape, 3),
+                       torch.where(e, torch.cat((edge, edge[..., 1:]), -1), facet))
+    return _CylinderContact(dist, normal, point1, point1 + dist[..., None] * normal,
+                            (kind == _SIDE_EDGE) | (kind == _SIDE_VERTEX),
+                            torch.where(is_vertex, 1, torch.where(is_edge, 2, 3)), ids2)
+
+
+@batched
+def cylinder_mesh(cylinder: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candidates:
+    """Cylinder-mesh (mjc_Convex): up to 4 contacts [n, 4].
+
+    The signed distance is ``-min f(u)`` over unit u of ``f(u) = h_cylinder(u) + h_hull(-u)``
+    (``h_cylinder(u) = c.u + h |u.a| + r |P u|``), as for ellipsoid-mesh, found exactly among the
+    normals of the faces of the Minkowski difference and, for a separated pair, of its creases: a cap on
+    the hull's lowest vertex along the axis (u = +-a), a rim point on a triangle (its normal), the side
+    line across an edge (u along a x e), a rim point at a stationary distance from an edge's line (a 1-D
+    search: the roots of a trigonometric polynomial of degree 2 in the rim angle, bracketed and bisected),
+    the side beside a vertex (u radial) and a rim point nearest a vertex. Each counts only where the hull
+    feature supports -u (no neighbouring vertex lower along u), and the least few are rechecked with full
+    supports. MuJoCo 4's multi-contact (``polytope.clip_features``, the cylinder's cap and side line as
+    for the primitive pairs) then clips a cap within ~5 degrees of a hull face (up to 4 contacts, the
+    16-gon cut to the largest quadrilateral) or a side line within ~5 degrees of parallel to one (2).
+    """
+    p = mesh_polytope(mesh_geom)
+    con = _cylinder_contact(cylinder, p)
+    single = (con.dist, 0.5 * (con.point1 + con.point2), con.normal, con.dist < margin)
+    return single_or_multi(single, _cylinder_multicontact(cylinder, p, con, margin)[:5], margin)
+
+
+def _cylinder_multicontact(cylinder: GeomPose, p: Polytope, con: _CylinderContact, margin: Tensor,
+                           max_contacts: int = MAX_CONTACTS):
+    """mjc_multicontact of a cylinder (geom 1) and a hull (``polytope.clip_features``)."""
+    half = 0.5 * margin[..., None]
+    x1 = con.point1 + half * con.normal  # witness points of the geoms inflated by half the margin
+    x2 = con.point2 - half * con.normal
+    cylinder_side = ClipFeature(*cylinder_clip_feature(cylinder, con.normal, con.side, x1))
+    return clip_features(cylinder_side, clip_feature(p, con.dim2, con.ids2), functools.partial(cylinder_cap, cylinder),
+                         functools.partial(polygon, p), x1, x2, margin, max_contacts)

@@ -58,6 +58,7 @@ COLLIDERS: dict[tuple[GeomType, GeomType], Collider] = {
     (_G.CAPSULE, _G.CAPSULE): Collider(primitive.capsule_capsule, 2),
     (_G.CAPSULE, _G.MESH): Collider(mesh_convex.capsule_mesh, mesh_convex.CAPSULE_CONTACTS, general_convex=True),
     (_G.ELLIPSOID, _G.MESH): Collider(mesh_convex.ellipsoid_mesh, 1, general_convex=True),
+    (_G.CYLINDER, _G.MESH): Collider(mesh_convex.cylinder_mesh, polytope.MAX_CONTACTS, general_convex=True),
     (_G.CAPSULE, _G.BOX): Collider(primitive.capsule_box, 2),  # MuJoCo 4 emits at most two (mj_maxContact: four)
     (_G.BOX, _G.BOX): Collider(box.box_box, 8),
     (_G.BOX, _G.MESH): Collider(polytope.box_mesh, polytope.MAX_CONTACTS, general_convex=True),

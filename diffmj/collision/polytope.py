@@ -44,6 +44,7 @@ under ``torch.vmap`` over the pairs).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import NamedTuple
 
@@ -507,31 +508,50 @@ def polygon(p: Polytope, poly: Tensor) -> tuple[Tensor, Tensor]:
     return _at(p.vert, ids), (ids >= 0).sum(-1)
 
 
-def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
-    """MuJoCo 4's mjc_multicontact on the contact's features (``convex.multicontact_choice``).
+class ClipFeature(NamedTuple):
+    """One geom's side of mjc_multicontact: the faces and edges of its feature at the contact."""
 
-    Returns (use [n], dist [n, 4], pos [n, 4, 3], normal [n, 4, 3], count [n]).
+    normals: Tensor  # [n, A, 3] face normals, MuJoCo's order
+    faces: Tensor  # [n, A] their face ids (for ``polygon``)
+    ok: Tensor  # [n, A] which are in use
+    dim: Tensor  # [n] the feature's dimension: 1 vertex, 2 edge, 3 face
+    start: Tensor  # [n, 3] where its edges start
+    ends: Tensor  # [n, B, 3] where they end
+    dirs: Tensor  # [n, B, 3] their unit directions
+    edge_ok: Tensor  # [n, B] which are in use
+
+
+def clip_feature(p: Polytope, dim: Tensor, ids: Tensor) -> ClipFeature:
+    """A polytope's feature of dimension dim [n] and vertex ids [n, 3] for mjc_multicontact."""
+    return ClipFeature(*face_normals(p, dim, ids), dim, *_edges(p, dim, ids))
+
+
+def clip_features(feature1: ClipFeature, feature2: ClipFeature, polygon1, polygon2, x1: Tensor, x2: Tensor,
+                  margin: Tensor, max_contacts: int = MAX_CONTACTS):
+    """MuJoCo 4's mjc_multicontact on two geoms' features (``convex.multicontact_choice``), for geoms
+    inflated by half the margin [n] each: x1, x2 [n, 3] their inflated witness points; ``polygon1``,
+    ``polygon2`` map face ids [n] to (vertices [n, K, 3] in clipping order, count [n]).
+
+    Returns (use [n], dist [n, c], pos [n, c, 3], normal [n, c, 3], count [n], tied [n]), c =
+    ``max_contacts`` (MuJoCo's 4; more: every vertex of the clipped polygon); ``tied``: the choice among
+    equally large quadrilaterals is arbitrary (``convex.largest_quad``).
     """
     half = 0.5 * margin[..., None]
-    x1 = con.point1 + half * con.normal  # witness points of the geoms inflated by half the margin
-    x2 = con.point2 - half * con.normal
-    n1, face1, ok1 = face_normals(p1, con.dim1, con.ids1)
-    n2, face2, ok2 = face_normals(p2, con.dim2, con.ids2)
-    start1, ends1, dirs1, edge_ok1 = _edges(p1, con.dim1, con.ids1)
-    start2, ends2, dirs2, edge_ok2 = _edges(p2, con.dim2, con.ids2)
-    choice = multicontact_choice(x2 - x1, (n1, ok1, con.dim1, dirs1, edge_ok1), (n2, ok2, con.dim2, dirs2, edge_ok2))
+    f1, f2 = feature1, feature2
+    choice = multicontact_choice(x2 - x1, (f1.normals, f1.ok, f1.dim, f1.dirs, f1.edge_ok),
+                                 (f2.normals, f2.ok, f2.dim, f2.dirs, f2.edge_ok))
     face_face, edge1, edge2 = choice.face_face, choice.edge1, choice.edge2
 
     # the clipping face and the clipped polygon (a face or an edge)
     pick = lambda x, i: torch.take_along_dim(x, i[..., None], -1)[..., 0]  # noqa: E731
     i1, i2 = choice.face1, choice.face2
-    normal1, normal2 = _at(n1, i1[..., None])[..., 0, :], _at(n2, i2[..., None])[..., 0, :]
-    poly1, npoly1 = polygon(p1, pick(face1, i1))
-    poly2, npoly2 = polygon(p2, pick(face2, i2))
+    normal1, normal2 = _at(f1.normals, i1[..., None])[..., 0, :], _at(f2.normals, i2[..., None])[..., 0, :]
+    poly1, npoly1 = polygon1(pick(f1.faces, i1))
+    poly2, npoly2 = polygon2(pick(f2.faces, i2))
     width = max(poly1.shape[-2], poly2.shape[-2])
     pad = lambda s: torch.cat((s, s[..., :1, :].expand(*s.shape[:-2], width - s.shape[-2], 3)), -2)  # noqa: E731
-    seg1 = torch.stack((start1, _at(ends1, choice.edge_slot1[..., None])[..., 0, :]), -2)
-    seg2 = torch.stack((start2, _at(ends2, choice.edge_slot2[..., None])[..., 0, :]), -2)
+    seg1 = torch.stack((f1.start, _at(f1.ends, choice.edge_slot1[..., None])[..., 0, :]), -2)
+    seg2 = torch.stack((f2.start, _at(f2.ends, choice.edge_slot2[..., None])[..., 0, :]), -2)
     face = torch.where(edge1[..., None, None], pad(poly2), pad(poly1))
     nface = torch.where(edge1, npoly2, npoly1)
     poly = torch.where(face_face[..., None, None], pad(poly2), torch.where(edge1[..., None, None], pad(seg1),
@@ -541,12 +561,21 @@ def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
     wit = torch.where(face_face[..., None], normal2, -normal)
     inflate = torch.where(edge2[..., None], normal1, -normal2)  # from geom 1 towards geom 2
 
-    count, on_face, on_poly, dist, _ = clip_contacts(face, nface, poly, npoly, normal, wit, margin, MAX_CONTACTS,
-                                                     ~face_face)
+    count, on_face, on_poly, dist, tied = clip_contacts(face, nface, poly, npoly, normal, wit, margin, max_contacts,
+                                                        ~face_face)
     witness1 = torch.where(edge1[..., None, None], on_poly, on_face) + half[..., None] * inflate[..., None, :]
     witness2 = torch.where(edge1[..., None, None], on_face, on_poly) - half[..., None] * inflate[..., None, :]
     use = (face_face | edge1 | edge2) & (count > 0)
-    return use, dist, 0.5 * (witness1 + witness2), _unit(witness1 - witness2), count
+    return use, dist, 0.5 * (witness1 + witness2), _unit(witness1 - witness2), count, tied & use
+
+
+def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
+    """MuJoCo 4's mjc_multicontact on the contact's features (``clip_features``, without ``tied``)."""
+    half = 0.5 * margin[..., None]
+    x1 = con.point1 + half * con.normal  # witness points of the geoms inflated by half the margin
+    x2 = con.point2 - half * con.normal
+    return clip_features(clip_feature(p1, con.dim1, con.ids1), clip_feature(p2, con.dim2, con.ids2),
+                         functools.partial(polygon, p1), functools.partial(polygon, p2), x1, x2, margin)[:5]
 
 
 # ---------------------------------------------------------------- pair functions
