@@ -157,3 +157,42 @@ def test_gradients_finite_through_make_and_break(kind):
     mjm = mujoco.MjModel.from_xml_string(_terrain(kind, 0.01))
     seen = finite_gradients_when_lowered(mjm, list(_poses(2, seed=4)), 2, np.linspace(0.2, -0.02, 9))
     assert 0 in seen and max(seen) > 2, seen
+
+
+def _rangefinder_model(count: int) -> mujoco.MjModel:
+    """Two hfields of different grids (one turned) and ``count`` rangefinder sites at seeded random
+    poses around them: above, beside and below, pointing anywhere (half of them downwards)."""
+    rng = np.random.default_rng(2)
+    sites, sensors = [], []
+    for i in range(count):
+        pos = rng.uniform([-0.6, -0.5, -0.12], [1.2, 0.5, 0.3])
+        euler = rng.uniform(-180, 180, 3) if i % 2 else [*rng.uniform(150, 210, 1), *rng.uniform(-30, 30, 1), 0]
+        sites.append(f'<site name="s{i}" pos="{" ".join(map(str, pos))}" euler="{" ".join(map(str, euler))}"/>')
+        sensors.append(f'<rangefinder site="s{i}" data="dist dir origin point normal depth"/>')
+    bumps = [" ".join(map(str, rng.uniform(0, 1, n))) for n in (NROW * NCOL, 5 * 4)]
+    xml = f"""<mujoco><asset>
+        <hfield name="a" nrow="{NROW}" ncol="{NCOL}" size=".4 .3 .08 .05" elevation="{bumps[0]}"/>
+        <hfield name="b" nrow="5" ncol="4" size=".2 .3 .1 .02" elevation="{bumps[1]}"/></asset>
+      <worldbody><geom type="hfield" hfield="a" pos=".05 -.02 .01" euler="4 -3 20"/>
+        <geom type="hfield" hfield="b" pos=".8 0 0"/>
+        <body><freejoint/>{"".join(sites)}<geom size=".01" pos="0 0 -3" contype="0" conaffinity="0"/></body>
+      </worldbody><sensor>{"".join(sensors)}</sensor></mujoco>"""
+    return mujoco.MjModel.from_xml_string(xml)
+
+
+def test_rangefinder_matches_mujoco():
+    """Rangefinders against hfields (mj_rayHfield: the base box, the grid's triangles, the sides below
+    the edge's elevation): every field of the sensor against MuJoCo's."""
+    count = 160
+    mjm = _rangefinder_model(count)
+    mjd = mujoco.MjData(mjm)
+    mujoco.mj_forward(mjm, mjd)
+    m = diffmj.put_model(mjm)
+    d = diffmj.forward(m, diffmj.put_data(m, mjd))
+    assert_close("sensordata", d.sensordata, mjd.sensordata, TOL["sensor"])
+    # outcomes exercised: misses, hits on triangles (tilted normals), on the base or sides (axis normals)
+    data = mjd.sensordata.reshape(count, -1)
+    normal = data[:, 10:13] @ mjd.geom_xmat[0].reshape(3, 3)  # in the first hfield's frame
+    hit = data[:, 0] >= 0
+    axis_normal = np.isclose(np.abs(normal).max(1), 1, atol=1e-12)
+    assert (~hit).sum() > 20 and (hit & ~axis_normal).sum() > 30 and (hit & axis_normal).sum() > 3
