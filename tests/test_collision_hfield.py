@@ -159,6 +159,21 @@ def test_gradients_finite_through_make_and_break(kind):
     assert 0 in seen and max(seen) > 2, seen
 
 
+@pytest.mark.slow  # the compile takes about a minute (58 s on the loaded 2-core machine)
+def test_compiled_equals_eager():
+    """collision compiled (fullgraph) equals eager for hfield-sphere at poses with several contacts."""
+    mjm = mujoco.MjModel.from_xml_string(_terrain("sphere", 0.02))
+    m = diffmj.put_model(mjm)
+    compiled = torch.compile(lambda d: collision(m, d).contact, fullgraph=True)
+    counts = []
+    for _, d in mujoco_states(mjm, m, _poses(4)):
+        a, b = compiled(d), collision(m, d).contact
+        counts.append(int(torch.isfinite(b.dist).sum()))
+        for name in ("dist", "pos", "frame", "active"):
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=TOL["compiled"])
+    assert max(counts) > 4, counts
+
+
 def _rangefinder_model(count: int) -> mujoco.MjModel:
     """Two hfields of different grids (one turned) and ``count`` rangefinder sites at seeded random
     poses around them: above, beside and below, pointing anywhere (half of them downwards)."""
