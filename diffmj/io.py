@@ -17,7 +17,7 @@ import torch
 from diffmj.collision.plan import build_collision_plan, convex_pair, unsupported_pair
 from diffmj.names import build_names
 from diffmj.plan import (
-    RAY_PRIMITIVES,
+    RAY_GEOMS,
     SUPPORTED_SENSORS,
     build_actuator_plan,
     build_constraint_plan,
@@ -185,7 +185,7 @@ def _check_sensors(mjm: mujoco.MjModel) -> None:
             _refuse(f"{sname}: delay / history / interval")
         if typ == SensorType.RANGEFINDER:
             for g in ray_geoms(mjm):
-                if mjm.geom_type[g] not in RAY_PRIMITIVES:
+                if mjm.geom_type[g] not in RAY_GEOMS:
                     gname = _name(mjm, ObjType.GEOM, g)
                     _refuse(f"{sname}: rangefinder ray against {GeomType(mjm.geom_type[g]).name.lower()} geom {gname}")
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffmj.collision.hfield import HFields, build_hfields
 from diffmj.collision.plan import CollisionPlan
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
 from diffmj.math import MINVAL
@@ -529,6 +530,7 @@ REF_FRAME_SENSORS = frozenset({_S.FRAMEPOS, _S.FRAMEQUAT, _S.FRAMEXAXIS, _S.FRAM
                                _S.FRAMELINVEL, _S.FRAMEANGVEL})
 RAY_PRIMITIVES = (GeomType.PLANE, GeomType.SPHERE, GeomType.CAPSULE, GeomType.ELLIPSOID, GeomType.CYLINDER,
                   GeomType.BOX)
+RAY_GEOMS = (GeomType.HFIELD, *RAY_PRIMITIVES)  # the geom types a rangefinder ray is intersected with
 
 
 @pytree_dataclass
@@ -537,6 +539,7 @@ class RayGeoms(PyTreeNode):
 
     geom: Tensor  # [g]
     exclude: Tensor  # [k, g] bool: the geom is on the body of the sensor's site (bodyexclude)
+    hfields: HFields  # hfield geoms: the hfield of each of the g geoms (none for other types)
     geom_type: GeomType = static_field()
 
 
@@ -643,9 +646,11 @@ def _sensor_group(mjm, ids, typ, objtype, reftype, dataspec, constraint_plan, co
             RayGeoms(
                 geom=_long(geoms, device),
                 exclude=torch.as_tensor(site_body[:, None] == mjm.geom_bodyid[geoms][None], device=device),
+                hfields=build_hfields(mjm, [int(mjm.geom_dataid[g]) for g in geoms] if t == GeomType.HFIELD else [],
+                                      dtype, device),
                 geom_type=t,
             )
-            for t in RAY_PRIMITIVES
+            for t in RAY_GEOMS
             if (geoms := [g for g in candidates if mjm.geom_type[g] == t])
         )
     adr = mjm.sensor_adr[ids][:, None] + np.arange(dim)

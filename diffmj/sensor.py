@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from diffmj import math, workarounds
+from diffmj.collision.hfield import HFields
 from diffmj.plan import SensorGroup
 from diffmj.smooth import contact_force, rne_post_constraint, subtree_mass
 from diffmj.types import Data, DataType, DisableBit, GeomType, Model, ObjType
@@ -323,8 +324,12 @@ def _rangefinder(m: Model, d: Data, g: SensorGroup) -> Tensor:
     normal = torch.zeros_like(origin)
     for group in g.ray:
         geom = group.geom
-        x, n = ray_geom(group.geom_type, d.geom_xpos[geom][None], d.geom_xmat[geom][None],
-                        m.geom_size[geom][None], origin[:, None], direction[:, None])  # [k, g]
+        if group.geom_type == GeomType.HFIELD:
+            x, n = ray_hfield(group.hfields, d.geom_xpos[geom][None], d.geom_xmat[geom][None], origin[:, None],
+                              direction[:, None])  # [k, g]
+        else:
+            x, n = ray_geom(group.geom_type, d.geom_xpos[geom][None], d.geom_xmat[geom][None],
+                            m.geom_size[geom][None], origin[:, None], direction[:, None])  # [k, g]
         x = torch.where(group.exclude, torch.inf, x)
         nearest = torch.argmin(x, -1, keepdim=True)
         x = x.gather(-1, nearest)[:, 0]
@@ -493,3 +498,114 @@ _LOCAL_RAYS = {
     GeomType.CYLINDER: _ray_cylinder,
     GeomType.BOX: _ray_box,
 }
+
+
+# ---------------------------------------------------------------- ray against a heightfield
+
+
+def _ray_basis(lvec: Tensor) -> tuple[Tensor, Tensor]:
+    """Two unit vectors b0, b1 [..., 3] spanning the plane normal to the ray (mj_rayHfield's): b1 is
+    (1, 1, 1) without its component along the ray's largest axis, made normal to the ray; b0 = b1 x lvec."""
+    size = lvec.abs()
+    axis = torch.where((size[..., 0] >= size[..., 1]) & (size[..., 0] >= size[..., 2]), 0,
+                       torch.where(size[..., 1] >= size[..., 2], 1, 2))
+    b0 = 1.0 - (axis[..., None] == torch.arange(3, device=lvec.device)).to(lvec.dtype)
+    b1 = _unit(b0 - lvec * (math.dot(lvec, b0) / math.dot(lvec, lvec))[..., None])
+    return _unit(math.cross(b1, lvec)), b1
+
+
+def _ray_triangles(corner: Tensor, valid: Tensor, lpnt: Tensor, lvec: Tensor) -> tuple[Tensor, Tensor]:
+    """Rays lpnt + x lvec [..., 3] against triangles ``corner`` [..., T, 3, 3] (``valid`` [..., T]):
+    distances x [..., T] (inf: no hit) and the unit normals (v0 - v2) x (v1 - v2) [..., T, 3].
+
+    A hit: the ray's point in the plane normal to it (basis ``_ray_basis``) inside the triangle's
+    projection there (barycentric weights t0, t1 of v0, v1 from v2), then the ray meets its plane.
+    """
+    b0, b1 = _ray_basis(lvec)
+    dif = corner - lpnt[..., None, None, :]  # [..., T, 3, 3]
+    planar = torch.stack((math.dot(dif, b0[..., None, None, :]), math.dot(dif, b1[..., None, None, :])), -1)
+    one_side = ((planar > 0).all(-2) | (planar < 0).all(-2)).any(-1)  # all three on one side of an axis
+    a = planar[..., :2, :] - planar[..., 2:, :]  # rows: p0 - p2, p1 - p2; columns: the two axes
+    det = a[..., 0, 0] * a[..., 1, 1] - a[..., 1, 0] * a[..., 0, 1]
+    ok = valid & ~one_side & (det.abs() >= math.MINVAL)
+    det = torch.where(ok, det, 1.0)
+    b = -planar[..., 2, :]
+    t0 = (a[..., 1, 1] * b[..., 0] - a[..., 1, 0] * b[..., 1]) / det
+    t1 = (-a[..., 0, 1] * b[..., 0] + a[..., 0, 0] * b[..., 1]) / det
+    ok = ok & (t0 >= 0) & (t1 >= 0) & (t0 + t1 <= 1)
+    normal = math.cross(corner[..., 0, :] - corner[..., 2, :], corner[..., 1, :] - corner[..., 2, :])
+    denom = math.dot(lvec[..., None, :], normal)
+    ok = ok & (denom.abs() >= math.MINVAL)
+    x = -math.dot(lpnt[..., None, :] - corner[..., 2, :], normal) / torch.where(ok, denom, 1.0)
+    return _nonnegative(x, ok), _unit(normal)
+
+
+# the two triangles of cell (r, c), as (row, column) offsets of their grid points, in mj_rayHfield's order
+_RAY_TRIANGLES = [[(0, 0), (0, 1), (1, 1)], [(0, 0), (1, 1), (1, 0)]]
+
+
+def ray_hfield(hfields: HFields, pos: Tensor, mat: Tensor, pnt: Tensor, vec: Tensor) -> tuple[Tensor, Tensor]:
+    """Intersect rays pnt + x vec (x >= 0) with heightfield geoms (mj_rayHfield), broadcasting.
+
+    ``hfields`` [g] holds each geom's grid, pos [..., g, 3] and mat [..., g, 3, 3] its frame, pnt and
+    vec [..., g, 3] the rays. Returns the distance x [..., g] (+inf where none) and the world normal
+    [..., g, 3] there. The surface is the base box below z = 0, the grid's triangles and the sides
+    of the box above (below the edge's elevation profile). MuJoCo tests only the triangles near the
+    ray's path through that box; every triangle is tested here (the others cannot be hit), nearest
+    first in MuJoCo's order: base box, then by row, column and triangle, then the four sides.
+    """
+    size, height, grid = hfields.size, hfields.height, hfields.grid
+    lpnt = math.mat_t_vec(mat, pnt - pos)
+    lvec = math.mat_t_vec(mat, vec)
+    up = torch.zeros_like(size[..., :3])
+    up[..., 2] = 1.0
+
+    def box(center_z: Tensor, half_z: Tensor):
+        half = torch.cat((size[..., :2], half_z[..., None]), -1)
+        return _ray_box(half, lpnt - up * center_z[..., None], lvec)
+
+    base_x, base_normal = box(-0.5 * size[..., 3], 0.5 * size[..., 3])
+    top_x, _ = box(0.5 * size[..., 2], 0.5 * size[..., 2])  # [..., g, 6]: -x, +x, -y, +y, -z, +z faces
+
+    # every triangle of the grid, in the hfield frame
+    rows, cols = height.shape[-2] - 1, height.shape[-1] - 1
+    r = torch.arange(rows, device=lpnt.device)[:, None, None, None]
+    c = torch.arange(cols, device=lpnt.device)[None, :, None, None]
+    offset = torch.tensor(_RAY_TRIANGLES, device=lpnt.device)  # [2, 3, 2]
+    vr, vc = (x.reshape(-1, 3) for x in torch.broadcast_tensors(r + offset[..., 0], c + offset[..., 1]))  # [T, 3]
+    step = 2 * size[..., :2] / (grid.flip(-1) - 1).to(size.dtype)  # dx, dy [g, 2]
+    corner = torch.stack((step[..., None, None, 0] * vc - size[..., None, None, 0],
+                          step[..., None, None, 1] * vr - size[..., None, None, 1],
+                          height.flatten(-2)[..., vr * height.shape[-1] + vc]), -1)  # [g, T, 3, 3]
+    valid = ((vr < grid[..., None, None, 0]) & (vc < grid[..., None, None, 1])).all(-1)  # [g, T]: on the grid
+    tri_x, tri_normal = _ray_triangles(corner, valid, lpnt, lvec)
+
+    candidates = torch.cat((base_x, tri_x), -1)
+    normals = torch.cat((base_normal, tri_normal.expand(*tri_x.shape, 3)), -2)
+    nearest = torch.argmin(candidates, -1, keepdim=True)
+    x = torch.where(torch.isfinite(top_x).any(-1), candidates.gather(-1, nearest)[..., 0], base_x.amin(-1))
+    normal = normals.gather(-2, nearest[..., None].expand(*nearest.shape, 3))[..., 0, :]
+
+    # the sides of the box above, where the ray meets them below the grid's elevation along that edge
+    nrow, ncol = grid[..., 0], grid[..., 1]
+    for i in range(4):  # -x, +x, -y, +y
+        side = top_x[..., i]
+        hit = _hit_point(lpnt, lvec, side)
+        along = 1 - i // 2  # the grid axis along the side: rows (y) on the x sides, columns on the y sides
+        t = (hit[..., along] + size[..., along]) / step[..., along]
+        t0 = torch.minimum(torch.floor(t).clamp(min=0), ((nrow if along else ncol) - 2).to(t.dtype))
+        first = t0.long()
+        edge = ((ncol if along else nrow) - 1) * (i % 2)  # the first or last column (row)
+        z0, z1 = ((_grid_at(height, k, edge) if along else _grid_at(height, edge, k)) for k in (first, first + 1))
+        below = hit[..., 2] < z0 * (t0 + 1 - t) + z1 * (t - t0)
+        take = torch.isfinite(side) & (side < x) & below
+        x = torch.where(take, side, x)
+        normal = torch.where(take[..., None], _axis(lpnt, i // 2, 1.0 if i % 2 else -1.0), normal)
+    return x, math.mat_vec(mat, normal)
+
+
+def _grid_at(height: Tensor, row: Tensor, col: Tensor) -> Tensor:
+    """height [g, R, C] at grid points (row, col) [..., g] (ids broadcast): [..., g]."""
+    row, col = torch.broadcast_tensors(row, col)
+    geom = torch.arange(height.shape[0], device=height.device).expand_as(row)
+    return height[geom, row, col]

@@ -162,3 +162,19 @@ def make_frame(normal: Tensor, tangent: Tensor) -> Tensor:
     y = torch.where(dot(tangent, tangent)[..., None] < 0.25, default, tangent)
     y = normalize(y - x * dot(x, y)[..., None])[0]
     return torch.stack((x, y, cross(x, y)), -2)
+
+
+class HFieldShape(NamedTuple):
+    """A heightfield's grid, and the cells under a geom to collide (see ``hfield.py``)."""
+
+    height: Tensor  # [n, R, C] elevation of each grid point (hfield_data x size[2]), zero past the grid
+    size: Tensor  # [n, 4] hfield_size: half extents x, y, top z, base depth
+    grid: Tensor  # [n, 2] long: rows, columns of the grid
+    cells: Tensor  # [n, K, 2] long: offsets (row, column) of the candidate cells from the geom's first cell
+
+
+class HFieldPose(NamedTuple):
+    """Heightfield geoms in world coordinates, with their grids: what pair functions get for an hfield."""
+
+    pose: GeomPose
+    shape: HFieldShape

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from diffmj import math
-from diffmj.collision.common import Candidates, GeomPose, MeshPose, make_frame
+from diffmj.collision.common import Candidates, GeomPose, HFieldPose, MeshPose, make_frame
+from diffmj.collision.hfield import hfield_shape
 from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.pairs import COLLIDERS
 from diffmj.enums import GeomType
@@ -96,7 +97,9 @@ def _narrow_phase(m: Model, d: Data, margin_gap: Tensor) -> Candidates:
     for group in plan.groups:
         g1, g2 = plan.geom1[group.pair], plan.geom2[group.pair]
         poses = [GeomPose(d.geom_xpos[g], d.geom_xmat[g], m.geom_size[g]) for g in (g1, g2)]
-        pose1, pose2 = (MeshPose(pose, mesh_shape(plan.meshes, plan.geom_mesh[g])) if kind == GeomType.MESH else pose
+        pose1, pose2 = (MeshPose(pose, mesh_shape(plan.meshes, plan.geom_mesh[g])) if kind == GeomType.MESH else
+                        HFieldPose(pose, hfield_shape(plan.hfields, plan.geom_hfield[g], group.cells))
+                        if kind == GeomType.HFIELD else pose
                         for pose, g, kind in zip(poses, (g1, g2), group.types))
         found = COLLIDERS[group.types].collide(pose1, pose2, margin_gap[group.pair])
         parts.append(Candidates(*(x.flatten(0, 1) for x in found)))

@@ -246,9 +246,10 @@ def plane_mesh(plane: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candidat
     return make_candidates(valid, dist, pos, normal[..., None, :])
 
 
-def _closest_on_hull(shape: MeshShape, point: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def closest_on_hull(shape: MeshShape, point: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Signed distance [n] from ``point`` [n, 3] (mesh frame) to the hull (negative inside), the
-    nearest hull surface point [n, 3] and the outward unit normal there [n, 3].
+    nearest hull surface point [n, 3] and the outward unit normal there [n, 3]. Reads only ``vert``
+    and ``facet``: any convex polytope with those (``polytope.Polytope``) in the point's frame will do.
 
     Inside, the nearest facet plane. Outside, the nearest of every facet's projection of the point
     (where it falls inside the facet) and every facet edge's nearest point.
@@ -294,9 +295,15 @@ def sphere_mesh(sphere: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candid
     if margin.dim() == 0:
         return _one_pair(sphere_mesh, sphere, mesh_geom, margin)
     mesh, shape = mesh_geom
-    signed, surface, outward = _closest_on_hull(shape, mat_t_vec(mesh.mat, sphere.pos - mesh.pos))
+    dist, pos, outward = sphere_contact(shape, mat_t_vec(mesh.mat, sphere.pos - mesh.pos), sphere.size[..., 0])
     outward = mat_vec(mesh.mat, outward)
-    radius = sphere.size[..., 0]
-    dist = signed - radius
-    pos = 0.5 * (sphere.pos - radius[..., None] * outward + mat_vec(mesh.mat, surface) + mesh.pos)
+    pos = mat_vec(mesh.mat, pos) + mesh.pos
     return make_candidates((dist < margin)[..., None], dist[..., None], pos[..., None, :], -outward[..., None, :])
+
+
+def sphere_contact(shape: MeshShape, center: Tensor, radius: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A sphere (``center`` [n, 3] in the hull's frame, ``radius`` [n]) against a convex hull (as for
+    ``closest_on_hull``): signed distance [n], the midpoint of the two surfaces [n, 3] and the hull's
+    outward unit normal towards the sphere [n, 3], in the hull's frame."""
+    signed, surface, outward = closest_on_hull(shape, center)
+    return signed - radius, 0.5 * (center - radius[..., None] * outward + surface), outward

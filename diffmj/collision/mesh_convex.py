@@ -93,7 +93,7 @@ def _closest_on_segments(p0: Tensor, p1: Tensor, q0: Tensor, q1: Tensor) -> tupl
     return s, t.clamp(0, 1)
 
 
-class _Contact(NamedTuple):
+class SegmentContact(NamedTuple):
     dist: Tensor  # [n] signed distance of the segment and the hull
     normal: Tensor  # [n, 3] from the segment to the hull
     point1: Tensor  # [n, 3] witness on the segment
@@ -164,7 +164,7 @@ def _nearest_features(ends: Tensor, p: Polytope):
     return is_edge, index, best % 2
 
 
-def _segment_contact(ends: Tensor, p: Polytope) -> _Contact:
+def segment_contact(ends: Tensor, p: Polytope) -> SegmentContact:
     """Signed distance, normal, witnesses and the hull's feature, with gradient (see module doc)."""
     with torch.no_grad():
         q = Polytope(*(x.detach().double() if x.is_floating_point() else x for x in p))
@@ -206,12 +206,12 @@ def _segment_contact(ends: Tensor, p: Polytope) -> _Contact:
     edge_ids = torch.where((edge_dim == 1)[..., None], vertex[..., None].expand(*vertex.shape, 3),
                            torch.cat((edge, edge[..., 1:]), -1))
     e = on_edge[..., None]
-    return _Contact(torch.where(on_edge, edge_dist, face_dist), torch.where(e, edge_normal, -plane),
+    return SegmentContact(torch.where(on_edge, edge_dist, face_dist), torch.where(e, edge_normal, -plane),
                     torch.where(e, edge_point1, face_point1), torch.where(e, edge_point2, face_point2),
                     torch.where(on_edge, edge_dim, 3), torch.where(e, edge_ids, facet))
 
 
-def _multicontact(capsule: GeomPose, p: Polytope, con: _Contact, margin: Tensor):
+def _multicontact(capsule: GeomPose, p: Polytope, con: SegmentContact, margin: Tensor):
     """MuJoCo 4's mjc_multicontact for a capsule (geom 1) and a hull: the capsule's line through its
     witness clipped by a hull polygon nearly parallel to it (see module doc).
 
@@ -239,15 +239,20 @@ def _multicontact(capsule: GeomPose, p: Polytope, con: _Contact, margin: Tensor)
     return use, dist + half, 0.5 * (on_line + on_face), normalize(on_line - on_face)[0], count
 
 
+def capsule_contact(capsule: GeomPose, p: Polytope) -> SegmentContact:
+    """The capsule's contact with the hull (``segment_contact`` less the radius): the capsule's
+    signed distance, its normal towards the hull, the witness on the capsule's surface and on the hull."""
+    axis = capsule.mat[..., :, 2] * capsule.size[..., 1:2]
+    con = segment_contact(torch.stack((capsule.pos - axis, capsule.pos + axis), -2), p)
+    radius = capsule.size[..., 0]
+    return con._replace(dist=con.dist - radius, point1=con.point1 + radius[..., None] * con.normal)
+
+
 @batched
 def capsule_mesh(capsule: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candidates:
     """Capsule-mesh (mjc_Convex): up to 2 contacts [n, 2] (see module doc)."""
     p = mesh_polytope(mesh_geom)
-    axis = capsule.mat[..., :, 2] * capsule.size[..., 1:2]
-    ends = torch.stack((capsule.pos - axis, capsule.pos + axis), -2)
-    con = _segment_contact(ends, p)
-    radius = capsule.size[..., 0]
-    con = con._replace(dist=con.dist - radius, point1=con.point1 + radius[..., None] * con.normal)
+    con = capsule_contact(capsule, p)
     single = (con.dist, 0.5 * (con.point1 + con.point2), con.normal, con.dist < margin)
     return single_or_multi(single, _multicontact(capsule, p, con, margin), margin)
 
@@ -379,7 +384,7 @@ def _ellipsoid_candidates(size: Tensor, p: Polytope):
     return value, u, kind, ids, roots
 
 
-def _ellipsoid_contact(ellipsoid: GeomPose, p: Polytope):
+def ellipsoid_contact(ellipsoid: GeomPose, p: Polytope):
     """Signed distance [n], normal [n, 3] (world, from the ellipsoid to the hull) and the midpoint of the
     witness points [n, 3], with gradient (see ellipsoid_mesh)."""
     local = p._replace(vert=mat_t_vec(ellipsoid.mat[..., None, :, :], p.vert - ellipsoid.pos[..., None, :]))
@@ -434,7 +439,7 @@ def _ellipsoid_contact(ellipsoid: GeomPose, p: Polytope):
 @batched
 def ellipsoid_mesh(ellipsoid: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candidates:
     """Ellipsoid-mesh (mjc_Convex, one contact) [n, 1] (see module doc)."""
-    dist, normal, pos = _ellipsoid_contact(ellipsoid, mesh_polytope(mesh_geom))
+    dist, normal, pos = ellipsoid_contact(ellipsoid, mesh_polytope(mesh_geom))
     return make_candidates((dist < margin)[..., None], dist[..., None], pos[..., None, :], normal[..., None, :])
 
 

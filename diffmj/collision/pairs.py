@@ -12,18 +12,21 @@ from typing import Callable, NamedTuple
 
 from torch import Tensor
 
-from diffmj.collision import box, convex, mesh, mesh_convex, polytope, primitive
-from diffmj.collision.common import Candidates, GeomPose, MeshPose
+from diffmj.collision import box, convex, hfield, mesh, mesh_convex, polytope, primitive
+from diffmj.collision.common import Candidates, GeomPose, HFieldPose, MeshPose
 from diffmj.enums import GeomType
 
 
 class Collider(NamedTuple):
     """Narrow phase of one type pair."""
 
-    # (geom1, geom2, margin [n]) -> [n, max_contacts]; a mesh geom comes as a MeshPose
-    collide: Callable[[GeomPose | MeshPose, GeomPose | MeshPose, Tensor], Candidates]
-    max_contacts: int  # contact slots per pair (MuJoCo's mj_maxContact, unless noted)
+    # (geom1, geom2, margin [n]) -> [n, max_contacts]; a mesh geom comes as a MeshPose, an hfield as an HFieldPose
+    collide: Callable[[GeomPose | MeshPose | HFieldPose, GeomPose | MeshPose, Tensor], Candidates]
+    # contact slots per pair (MuJoCo's mj_maxContact, unless noted; hfield pairs: at most this, see
+    # hfield.contact_slots)
+    max_contacts: int
     general_convex: bool = False  # MuJoCo collides the pair with its general convex collision (mjc_Convex)
+    single_ccd: bool = False  # one convex collision per contact (hfield prisms): multi-CCD plays no part
 
 
 def _general_convex(types: tuple[GeomType, GeomType], max_contacts: int) -> Collider:
@@ -64,4 +67,7 @@ COLLIDERS: dict[tuple[GeomType, GeomType], Collider] = {
     (_G.BOX, _G.MESH): Collider(polytope.box_mesh, polytope.MAX_CONTACTS, general_convex=True),
     (_G.MESH, _G.MESH): Collider(polytope.mesh_mesh, polytope.MAX_CONTACTS, general_convex=True),
     **{types: _general_convex(types, n) for types, n in _GENERAL_CONVEX.items()},
+    # each prism of the cells under the geom collided by mjc_Convex's single-contact path (hfield.py)
+    **{(_G.HFIELD, kind): Collider(hfield.collider(kind), hfield.MAX_CONTACTS, general_convex=True, single_ccd=True)
+       for kind in (_G.SPHERE, _G.CAPSULE, _G.ELLIPSOID, _G.BOX, _G.MESH)},
 }

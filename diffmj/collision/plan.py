@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from diffmj.collision.hfield import HFields, build_hfields, candidate_cells, contact_slots, hfield_unsupported
 from diffmj.collision.mesh import Meshes, build_meshes, mesh_unsupported
 from diffmj.collision.pairs import COLLIDERS
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
@@ -27,6 +28,7 @@ class PairGroup(PyTreeNode):
 
     types: tuple[GeomType, GeomType] = static_field()
     pair: Tensor  # [n] indices into the candidate pair list
+    cells: Tensor  # [K, 2] long: hfield pairs: offsets (row, column) of the cells to collide ([0, 2] otherwise)
 
 
 @pytree_dataclass
@@ -43,6 +45,8 @@ class CollisionPlan(PyTreeNode):
     contact_geom: Tensor  # [ncon, 2] geom ids of each contact slot
     meshes: Meshes  # the meshes of the mesh geoms in candidate pairs
     geom_mesh: Tensor  # [ngeom] row of each geom's mesh in ``meshes`` (0 for other geoms)
+    hfields: HFields  # the hfields of the hfield geoms in candidate pairs
+    geom_hfield: Tensor  # [ngeom] row of each geom's hfield in ``hfields`` (0 for other geoms)
     contact_dim: tuple[int, ...] = static_field()  # condim of each contact slot
     contact_order: tuple[int, ...] = static_field()  # the slots in the order MuJoCo lists their contacts
     ncon: int = static_field()
@@ -112,6 +116,13 @@ def _condim(mjm: mujoco.MjModel, g1: int, g2: int, p: int, priority1: float) -> 
     return int(max(mjm.geom_condim[g1], mjm.geom_condim[g2]))
 
 
+def _margin_gap(mjm: mujoco.MjModel, g1: int, g2: int, p: int) -> float:
+    """margin + gap of a candidate pair as compiled (the pair's own for a <pair>)."""
+    if p >= 0:
+        return float(mjm.pair_margin[p] + mjm.pair_gap[p])
+    return float(mjm.geom_margin[g1] + mjm.geom_margin[g2] + mjm.geom_gap[g1] + mjm.geom_gap[g2])
+
+
 def _describe(mjm: mujoco.MjModel, g1: int, g2: int) -> str:
     n1 = mujoco.mj_id2name(mjm, ObjType.GEOM, g1) or f"#{g1}"
     n2 = mujoco.mj_id2name(mjm, ObjType.GEOM, g2) or f"#{g2}"
@@ -127,13 +138,18 @@ def _first_pair(mjm: mujoco.MjModel, types) -> str | None:
     return None
 
 
-def _pair_meshes(mjm: mujoco.MjModel) -> list[int]:
-    """The meshes of the mesh geoms in candidate pairs, in order of first use."""
-    meshes = []
+def _pair_assets(mjm: mujoco.MjModel, kind: GeomType) -> list[int]:
+    """The meshes (or hfields) of the mesh (hfield) geoms in candidate pairs, in order of first use."""
+    assets = []
     for g in (g for pair in candidate_pairs(mjm) for g in pair[:2]):
-        if mjm.geom_type[g] == GeomType.MESH and mjm.geom_dataid[g] not in meshes:
-            meshes.append(int(mjm.geom_dataid[g]))
-    return meshes
+        if mjm.geom_type[g] == kind and mjm.geom_dataid[g] not in assets:
+            assets.append(int(mjm.geom_dataid[g]))
+    return assets
+
+
+def _asset_rows(mjm: mujoco.MjModel, kind: GeomType, assets: list[int]) -> list[int]:
+    """Each geom's row in ``assets`` (its mesh or hfield; 0 for geoms of other types)."""
+    return [assets.index(int(k)) if t == kind and k in assets else 0 for t, k in zip(mjm.geom_type, mjm.geom_dataid)]
 
 
 def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
@@ -142,7 +158,10 @@ def unsupported_pair(mjm: mujoco.MjModel) -> str | None:
     pair = _first_pair(mjm, missing)
     if pair:
         return f"{pair}: collision"
-    for g1, g2, _ in candidate_pairs(mjm):
+    for g1, g2, p in candidate_pairs(mjm):
+        why = mjm.geom_type[g1] == GeomType.HFIELD and hfield_unsupported(mjm, g2, _margin_gap(mjm, g1, g2, p))
+        if why:
+            return f"{_describe(mjm, g1, g2)}: {why}"
         for g in (g1, g2):
             why = mjm.geom_type[g] == GeomType.MESH and mesh_unsupported(mjm, int(mjm.geom_dataid[g]))
             if why:
@@ -154,7 +173,8 @@ def convex_pair(mjm: mujoco.MjModel, multi: bool = False) -> str | None:
     """A description of the first candidate pair MuJoCo collides with mjc_Convex (with ``multi``:
     one that multi-CCD may give more than one contact), if any."""
     return _first_pair(mjm, [key for key, collider in COLLIDERS.items()
-                             if collider.general_convex and (collider.max_contacts > 1 or not multi)])
+                             if collider.general_convex
+                             and (not multi or (collider.max_contacts > 1 and not collider.single_ccd))])
 
 
 def _mujoco_pair_order(mjm: mujoco.MjModel, pairs: list[tuple[int, int, int]]) -> list[tuple]:
@@ -189,15 +209,17 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
         members = [i for i, (a, b, _) in enumerate(pairs) if (mjm.geom_type[a], mjm.geom_type[b]) == key]
         if not members:
             continue
-        groups.append(PairGroup(types=key, pair=long(members)))
+        cells = candidate_cells(mjm, [(g1[i], g2[i], _margin_gap(mjm, g1[i], g2[i], pid[i])) for i in members]) \
+            if key[0] == GeomType.HFIELD else []
+        slots = contact_slots(len(cells)) if cells else collider.max_contacts
+        groups.append(PairGroup(types=key, pair=long(members), cells=long(cells).reshape(-1, 2)))
         for i in members:
-            contact_pair += [i] * collider.max_contacts
-            contact_dim += [_condim(mjm, g1[i], g2[i], pid[i], priority1[i])] * collider.max_contacts
+            contact_pair += [i] * slots
+            contact_dim += [_condim(mjm, g1[i], g2[i], pid[i], priority1[i])] * slots
     pair_order = _mujoco_pair_order(mjm, pairs)
     contact_order = sorted(range(len(contact_pair)), key=lambda s: (pair_order[contact_pair[s]], s))
-    meshes = _pair_meshes(mjm)
-    geom_mesh = [meshes.index(int(k)) if t == GeomType.MESH and k in meshes else 0
-                 for t, k in zip(mjm.geom_type, mjm.geom_dataid)]
+    meshes = _pair_assets(mjm, GeomType.MESH)
+    hfields = _pair_assets(mjm, GeomType.HFIELD)
     geoms = np.stack([np.asarray(g1, dtype=np.int64), np.asarray(g2, dtype=np.int64)], -1)
     contact_geom = geoms[np.asarray(contact_pair, dtype=np.int64)] if contact_pair else np.zeros((0, 2))
     return CollisionPlan(
@@ -210,7 +232,9 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
         contact_pair=long(contact_pair),
         contact_geom=torch.as_tensor(contact_geom.astype(np.int64), device=device).reshape(-1, 2),
         meshes=build_meshes(mjm, meshes, dtype, device),
-        geom_mesh=long(geom_mesh),
+        geom_mesh=long(_asset_rows(mjm, GeomType.MESH, meshes)),
+        hfields=build_hfields(mjm, hfields, dtype, device),
+        geom_hfield=long(_asset_rows(mjm, GeomType.HFIELD, hfields)),
         contact_dim=tuple(contact_dim),
         contact_order=tuple(contact_order),
         ncon=len(contact_pair),

@@ -86,7 +86,7 @@ _BOX_EDGES, _BOX_EDGE_FACETS = facet_edges(_BOX_FACETS)
 _BOX_INCIDENT = [ids + [-1] * (5 - len(ids)) for ids in incident_edges(_BOX_EDGES, 8)]  # 3 to 5 each, -1 padded
 
 
-def _box_polytope(box: GeomPose) -> Polytope:
+def box_polytope(box: GeomPose) -> Polytope:
     """A box as a polytope: MuJoCo's corner numbering, face order and vertex order per face (boxFace)."""
     n, device = box.pos.shape[:-1], box.pos.device
     long = lambda x: torch.tensor(x, dtype=torch.long, device=device).expand(*n, *np.shape(x))  # noqa: E731
@@ -367,7 +367,7 @@ def _gjk(p1: Polytope, p2: Polytope, start: Tensor, skip: Tensor | None = None) 
 # ---------------------------------------------------------------- the contact and its features
 
 
-class _Contact(NamedTuple):
+class PolytopeContact(NamedTuple):
     dist: Tensor  # [n]
     normal: Tensor  # [n, 3] from geom 1 to geom 2
     point1: Tensor  # [n, 3] witness on geom 1
@@ -389,7 +389,7 @@ def _distinct(ids: Tensor, used: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(torch.arange(3, device=ids.device) < count[..., None], ids, ids[..., :1]), count
 
 
-def _contact(p1: Polytope, p2: Polytope, margin: Tensor) -> _Contact:
+def convex_contact(p1: Polytope, p2: Polytope, margin: Tensor) -> PolytopeContact:
     """Signed distance, normal, witness points and supporting features, with gradient (see module doc)."""
     with torch.no_grad():
         q1, q2 = (Polytope(*(x.detach().double() if x.is_floating_point() else x for x in p)) for p in (p1, p2))
@@ -442,7 +442,7 @@ def _contact(p1: Polytope, p2: Polytope, margin: Tensor) -> _Contact:
     sep_ids2, sep_dim2 = _distinct(gjk2, used)
 
     sep = separated[..., None]
-    return _Contact(torch.where(separated, gap_length, dist), torch.where(sep, gap_normal, normal),
+    return PolytopeContact(torch.where(separated, gap_length, dist), torch.where(sep, gap_normal, normal),
                     torch.where(sep, near1, point1), torch.where(sep, near2, point2),
                     torch.where(separated, sep_dim1, pen_dim1), torch.where(sep, sep_ids1, pen_ids1),
                     torch.where(separated, sep_dim2, pen_dim2), torch.where(sep, sep_ids2, pen_ids2))
@@ -569,7 +569,7 @@ def clip_features(feature1: ClipFeature, feature2: ClipFeature, polygon1, polygo
     return use, dist, 0.5 * (witness1 + witness2), _unit(witness1 - witness2), count, tied & use
 
 
-def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
+def _multicontact(p1: Polytope, p2: Polytope, con: PolytopeContact, margin: Tensor):
     """MuJoCo 4's mjc_multicontact on the contact's features (``clip_features``, without ``tied``)."""
     half = 0.5 * margin[..., None]
     x1 = con.point1 + half * con.normal  # witness points of the geoms inflated by half the margin
@@ -583,7 +583,7 @@ def _multicontact(p1: Polytope, p2: Polytope, con: _Contact, margin: Tensor):
 
 def _collide(p1: Polytope, p2: Polytope, margin: Tensor) -> Candidates:
     """mjc_Convex of two polytopes: up to 4 contacts [n, 4] (see module doc)."""
-    con = _contact(p1, p2, margin)
+    con = convex_contact(p1, p2, margin)
     single = (con.dist, 0.5 * (con.point1 + con.point2), con.normal, con.dist < margin)
     return single_or_multi(single, _multicontact(p1, p2, con, margin), margin)
 
@@ -602,7 +602,7 @@ def batched(fn):
 @batched
 def box_mesh(box: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Candidates:
     """Box-mesh (mjc_Convex): up to 4 contacts [n, 4]."""
-    return _collide(_box_polytope(box), mesh_polytope(mesh_geom), margin)
+    return _collide(box_polytope(box), mesh_polytope(mesh_geom), margin)
 
 
 @batched
