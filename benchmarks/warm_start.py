@@ -10,8 +10,8 @@ compile (or load) and the first step:
    without ``precompiled``: Dynamo and AOTAutograd trace again, the kernels come from the cache).
 
 1-2 share one inductor cache (``TORCHINDUCTOR_CACHE_DIR``) and 3-4 another, both empty at the
-start. ``step`` is ``diffmj.step`` (B=1) or ``torch.vmap(diffmj.step, in_dims=(None, 0))`` (B
-worlds). Times exclude the process's imports and model loading; ``process_s`` is the child's
+start. ``step`` is ``diffmj.step`` of one Data (B=1) or of a batch of B (the explicit batch).
+Times exclude the process's imports and model loading; ``process_s`` is the child's
 whole run. Every child checks its step against eager (largest difference of qpos, qvel).
 
     python benchmarks/warm_start.py --models models/hopper.xml --batch-sizes 1 64 \\
@@ -46,10 +46,7 @@ mjm = harness.load_model(model, solver)
 m = diffmj.put_model(mjm)
 d = diffmj.make_data(m)
 qvel = torch.as_tensor(harness.initial_qvel(mjm, batch))
-if batch == 1:
-    step, d = diffmj.step, d.replace(qvel=qvel[0])
-else:
-    step, d = torch.vmap(diffmj.step, in_dims=(None, 0)), torch.stack([d] * batch).replace(qvel=qvel)
+step, d = diffmj.step, (d.replace(qvel=qvel[0]) if batch == 1 else torch.stack([d] * batch).replace(qvel=qvel))
 start = time.perf_counter()
 fn = torch.compile(step, fullgraph=True) if mode == "torch_compile" else diffmj.precompiled(step, (m, d), cache_dir)
 out = fn(m, d)
@@ -109,8 +106,8 @@ def main() -> None:
             cells = [f"{runs[k]['seconds']:.1f}" if "seconds" in runs[k] else runs[k]["error"][:60] for k in runs]
             process = runs["precompiled_warm"].get("process_s", float("nan"))
             print(f"| {Path(model).name} | {batch} | {' | '.join(cells)} | {process:.1f} |", flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(dict(torch=torch_version(), records=records), indent=1))
+            if args.out:  # after every row: an interrupted run keeps what it measured
+                args.out.write_text(json.dumps(dict(torch=torch_version(), solver=solver, records=records), indent=1))
 
 
 if __name__ == "__main__":
