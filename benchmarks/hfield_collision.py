@@ -40,6 +40,7 @@ GEOMS = {
     "sphere": '<geom type="sphere" size=".05"/>',
     "capsule": '<geom type="capsule" size=".03 .05" euler="80 10 0"/>',
     "ellipsoid": '<geom type="ellipsoid" size=".06 .05 .04"/>',
+    "cylinder": '<geom type="cylinder" size=".04 .04" euler="5 -3 0"/>',
     "box": '<geom type="box" size=".05 .04 .03" euler="5 -3 0"/>',
     "mesh": '<geom type="mesh" mesh="rock"/>',
 }

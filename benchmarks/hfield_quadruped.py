@@ -5,11 +5,10 @@ folder (``census_models.sh`` gathers it):
 
     python benchmarks/hfield_quadruped.py /tmp/census/models/dm_control/dm_control/suite/quadruped.xml
 
-The model as published is refused for its eyes (cylinders, which may touch
-the terrain: cylinder-hfield is not supported). Here the eyes are made
-non-colliding, the floor plane is turned off (non-colliding, invisible to the
-rangefinders) so that the hfield is the ground, and the middle 40 x 40 grid
-points get seeded random elevations up to 15 cm (dm_control's escape task
+The model collides as published (its eye cylinders against the terrain
+among its pairs), except that the floor plane is turned off (non-colliding,
+invisible to the rangefinders) so that the hfield is the ground, and the
+middle 40 x 40 grid points get seeded random elevations up to 15 cm (dm_control's escape task
 writes its bumps into ``hfield_data`` the same way). From a drop, with random
 controls, each MuJoCo step is compared with one diffmj step from the same
 state (qpos, qvel) and, every 8 steps, mj_forward's sensordata (20
@@ -29,10 +28,9 @@ import diffmj
 
 def terrain_quadruped(path: str) -> mujoco.MjModel:
     mjm = mujoco.MjModel.from_xml_path(path)
-    for name in ("eye_r", "eye_l", "floor"):
-        g = mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_GEOM, name)
-        mjm.geom_contype[g] = mjm.geom_conaffinity[g] = 0
-    mjm.geom_rgba[mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_GEOM, "floor"), 3] = 0
+    floor = mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_GEOM, "floor")
+    mjm.geom_contype[floor] = mjm.geom_conaffinity[floor] = 0
+    mjm.geom_rgba[floor, 3] = 0
     n = mjm.hfield_nrow[0]
     data = np.zeros((n, mjm.hfield_ncol[0]))
     c = n // 2

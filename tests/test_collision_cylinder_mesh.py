@@ -81,7 +81,7 @@ def _polygon_if_tied(m: diffmj.Model, d: diffmj.Data, margin: float):
     clipped polygon within the margin as a contact (dist [k], pos [k, 3], normal [k, 3]); else None."""
     cylinder, hull, margin = _pair_inputs(m, d, margin)
     p = mesh_polytope(hull)
-    con = mesh_convex._cylinder_contact(cylinder, p)
+    con = mesh_convex.cylinder_contact(cylinder, p)
     if not mesh_convex._cylinder_multicontact(cylinder, p, con, margin)[5]:
         return None
     every = max(convex._CAPACITY, 2 * p.poly_vert.shape[-1] + 4)
@@ -107,7 +107,7 @@ def _tolerance(mjm: mujoco.MjModel, m: diffmj.Model, d: diffmj.Data, qpos) -> di
     if not mjd.ncon:
         return CCD_TOL
     cylinder, hull, _ = _pair_inputs(m, d, 0.0)
-    normal = mesh_convex._cylinder_contact(cylinder, mesh_polytope(hull)).normal[0]
+    normal = mesh_convex.cylinder_contact(cylinder, mesh_polytope(hull)).normal[0]
     excess = _support_sum(m, d, torch.as_tensor(mjd.contact.frame[0, :3])) - _support_sum(m, d, normal)
     assert excess >= -VALUE_ROUNDING, f"MuJoCo's normal has a lower support sum by {-excess:.1e}"
     curved = 1e-9 + SQRT_FACTOR * np.sqrt(excess + VALUE_ROUNDING)

@@ -21,10 +21,12 @@ import torch
 import diffmj
 from diffmj.collision.common import GeomPose, HFieldPose
 from diffmj.collision.driver import collision
+from diffmj.collision import hfield, mesh_convex
 from diffmj.collision.hfield import collider, hfield_shape
 from diffmj.enums import GeomType
-from tests.conftest import (CCD_TOL, CONTACT_FIELDS, TOL, assert_close, compare_contacts,
-                            finite_gradients_when_lowered, mujoco_states)
+from tests.conftest import (CCD_TOL, CONTACT_FIELDS, TOL, as_numpy, assert_close, compare_contacts,
+                            finite_gradients_when_lowered, mujoco_states, vmap_equals_batched)
+from tests.test_collision_convex import SQRT_FACTOR, VALUE_ROUNDING
 from tests.test_solver import converged
 
 NROW, NCOL = 7, 9
@@ -85,6 +87,60 @@ def test_matches_mujoco(kind, margin):
     assert counts.count(0) > 5 and sum(c > 4 for c in counts) > 5 and any(c == 1 or c == 2 for c in counts), counts
 
 
+def _pair_poses(m: diffmj.Model, d: diffmj.Data) -> tuple[HFieldPose, GeomPose]:
+    """The hfield (geom 0) and the free geom (geom 1) of the terrain model, batched over one pair."""
+    plan = m.collision_plan
+    ground = GeomPose(d.geom_xpos[[0]], d.geom_xmat[[0]], m.geom_size[[0]])
+    return (HFieldPose(ground, hfield_shape(plan.hfields, plan.geom_hfield[[0]], plan.groups[0].cells)),
+            GeomPose(d.geom_xpos[[1]], d.geom_xmat[[1]], m.geom_size[[1]]))
+
+
+def _cylinder_excess(m: diffmj.Model, d: diffmj.Data, margin: float, mujoco_normal: np.ndarray) -> np.ndarray:
+    """Per emitted contact (in slot order, MuJoCo's order): f(u) = h_cylinder(u) + h_prism(-u) at MuJoCo's
+    normal less f at diffmj's (u from the cylinder to its prism): >= 0, as diffmj's normal is the exact
+    minimiser."""
+    ground, cylinder = _pair_poses(m, d)
+    low, high = hfield._local_box(GeomType.CYLINDER, cylinder, ground.pose)
+    vert, inside = hfield._prisms(ground, low - margin, high + margin)
+    vert = vert.flatten(0, 2)  # every candidate prism [2K, 6, 3], in slot order
+    cylinders = GeomPose(*(x.expand(vert.shape[0], *x.shape[1:]) for x in cylinder))
+    con = mesh_convex.cylinder_contact(cylinders, hfield._prism_polytope(vert))
+    emitted = inside[0].repeat_interleave(2) & (con.dist < margin)
+    vert, cylinders = vert[emitted], GeomPose(*(x[emitted] for x in cylinders))
+
+    def support_sum(u):
+        return mesh_convex._cylinder_support(cylinders, u) + (-(vert @ u[..., None])[..., 0]).amax(-1)
+
+    return as_numpy(support_sum(-torch.as_tensor(mujoco_normal)) - support_sum(con.normal[emitted]))
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.02])
+def test_cylinder_matches_mujoco(margin):
+    """hfield-cylinder: one contact per prism (MuJoCo's single-contact path, no multi-contact: a cap
+    flat on a prism's top gives one contact, measured on these poses), in MuJoCo's order. A rim point
+    against a prism edge is a curved contact, where MuJoCo's EPA locates the normal only to ~sqrt of its
+    error in the support sum (as in test_collision_cylinder_mesh.py): each pose's positions and frames
+    are compared to 1e-9 + SQRT_FACTOR sqrt(excess) where that exceeds TOL["ccd_contact"] (the largest
+    of its contacts' excess; measured normal differences up to 1e-5), distances to TOL["ccd_dist"]."""
+    mjm = mujoco.MjModel.from_xml_string(_terrain("cylinder", margin))
+    m = diffmj.put_model(mjm)
+    counts = []
+    for mjd, d in mujoco_states(mjm, m, _poses(40)):
+        counts.append(mjd.ncon)
+        out = collision(m, d)
+        dist = out.contact.dist
+        assert_close("dist in order", dist[torch.isfinite(dist)], mjd.contact.dist[:mjd.ncon], TOL["ccd_dist"],
+                     empty_ok=True)
+        if not mjd.ncon:
+            continue
+        excess = _cylinder_excess(m, d, margin, mjd.contact.frame[:mjd.ncon, :3])
+        assert excess.min() >= -VALUE_ROUNDING, f"MuJoCo's normal has a lower support sum by {-excess.min():.1e}"
+        curved = 1e-9 + SQRT_FACTOR * np.sqrt(excess.max() + VALUE_ROUNDING)
+        compare_contacts(m, out, mjd, tol={**CCD_TOL, "contact.pos": max(TOL["ccd_contact"], curved),
+                                           "contact.frame": max(TOL["ccd_contact"], curved)})
+    assert counts.count(0) > 5 and sum(c > 4 for c in counts) > 5 and any(c == 1 or c == 2 for c in counts), counts
+
+
 def test_elevation_set_on_the_model():
     """Elevations written to MjModel.hfield_data before put_model (no elevation in the XML) are used."""
     mjm = mujoco.MjModel.from_xml_string(_terrain("sphere", 0.01, elevation=False))
@@ -97,12 +153,11 @@ def test_elevation_set_on_the_model():
     assert sum(c > 1 for c in counts) > 5, counts
 
 
-@pytest.mark.parametrize("kind", ["cylinder", "box"])
-def test_refused_by_name(kind):
-    """Cylinders (no cylinder-mesh machinery) and boxes without margin (MuJoCo's EPA stops early on
-    prisms: hfield.hfield_unsupported) are refused, naming the pair."""
+def test_refused_by_name():
+    """Boxes without margin (MuJoCo's EPA stops early on prisms: hfield.hfield_unsupported) are refused,
+    naming the pair."""
     with pytest.raises(NotImplementedError, match="'ground' \\(hfield\\)"):
-        diffmj.put_model(mujoco.MjModel.from_xml_string(_terrain(kind, 0.0)))
+        diffmj.put_model(mujoco.MjModel.from_xml_string(_terrain("box", 0.0)))
 
 
 # the ball's contacts are exact in MuJoCo too (its centre's distance); the box's (with margin: a smooth
@@ -128,29 +183,18 @@ def test_drop_onto_terrain_matches_mujoco(kind, margin, tol):
     assert touching > 20, touching
 
 
-def test_vmap_equals_batched():
+@pytest.mark.parametrize("kind", [GeomType.CAPSULE, GeomType.CYLINDER])
+def test_vmap_equals_batched(kind):
     """vmap over the pairs (each call sees one pair) equals the batched call."""
-    mjm = mujoco.MjModel.from_xml_string(_terrain("capsule", 0.02))
+    mjm = mujoco.MjModel.from_xml_string(_terrain(kind.name.lower(), 0.02))
     m = diffmj.put_model(mjm)
-    plan = m.collision_plan
-    group = plan.groups[0]
-    parts = []
-    for _, d in mujoco_states(mjm, m, _poses(8)):
-        ground = GeomPose(d.geom_xpos[[0]], d.geom_xmat[[0]], m.geom_size[[0]])
-        parts.append((HFieldPose(ground, hfield_shape(plan.hfields, plan.geom_hfield[[0]], group.cells)),
-                      GeomPose(d.geom_xpos[[1]], d.geom_xmat[[1]], m.geom_size[[1]])))
-    cat = lambda parts: torch.cat(parts) if isinstance(parts[0], torch.Tensor) else \
-        type(parts[0])(*(cat(x) for x in zip(*parts)))  # noqa: E731
-    ground, capsule = (cat([p[k] for p in parts]) for k in range(2))
-    margin = torch.full((len(parts),), 0.02, dtype=torch.float64)
-    collide = collider(GeomType.CAPSULE)
-    batched = collide(ground, capsule, margin)
-    assert len({int(torch.isfinite(x).sum()) for x in batched.dist}) > 2
-    for a, b in zip(torch.vmap(collide)(ground, capsule, margin), batched):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    margin = torch.full((1,), 0.02, dtype=torch.float64)
+    counts = vmap_equals_batched(collider(kind), [(*_pair_poses(m, d), margin)
+                                                   for _, d in mujoco_states(mjm, m, _poses(8))])
+    assert len(counts) > 2, counts
 
 
-@pytest.mark.parametrize("kind", ["sphere", "capsule", "box"])
+@pytest.mark.parametrize("kind", ["sphere", "capsule", "cylinder", "box"])
 def test_gradients_finite_through_make_and_break(kind):
     """d(contacts) / d(qpos) is finite as the geom is lowered through the terrain: no contact, within
     the margin, touching, penetrating one and several prisms."""

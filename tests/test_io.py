@@ -92,7 +92,7 @@ CONVEX_PAIR = ('<body><freejoint/><geom name="a" type="capsule" size=".1 .2"/></
                '<body pos="1 0 0"><freejoint/><geom name="b" type="cylinder" size=".1 .2"/></body>')
 REFUSED = {
     "heightfield pair": '<geom name="a" type="hfield" hfield="h"/>'
-    '<body pos="0 0 1"><freejoint/><geom name="b" type="cylinder" size=".1 .2"/></body>',
+    '<body pos="0 0 1"><freejoint/><geom name="b" type="box" size=".1 .2 .1"/></body>',
     "multiccd": CONVEX_PAIR,
     "nativeccd": CONVEX_PAIR,
     "sensors": '<body><joint name="j"/><geom size=".1" contype="0" conaffinity="0"/></body>',
@@ -114,7 +114,7 @@ OPTION = {
     "nativeccd": '<option><flag nativeccd="disable"/></option>',
 }
 MESSAGE = {
-    "heightfield pair": "geom pair 'a' \\(hfield\\) - 'b' \\(cylinder\\): collision",
+    "heightfield pair": "geom pair 'a' \\(hfield\\) - 'b' \\(box\\): hfield against a box or mesh without margin",
     "multiccd": "flag 'multiccd' disabled for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
     "nativeccd": "flag 'nativeccd' disabled \\(libccd\\) for geom pair 'a' \\(capsule\\) - 'b' \\(cylinder\\)",
     "sensors": "sensor 'u': type 'user'",

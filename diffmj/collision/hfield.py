@@ -25,7 +25,9 @@ Here the prisms are polytopes (``polytope.Polytope``) and each is collided by
 the exact convex machinery of the mesh pairs: a sphere by its centre's
 signed distance (``mesh.sphere_contact``), a capsule by its segment's
 (``mesh_convex.capsule_contact``), an ellipsoid by its stationary normals
-(``mesh_convex.ellipsoid_contact``), a box or a mesh hull by separating axes
+(``mesh_convex.ellipsoid_contact``), a cylinder by the faces and creases of
+its Minkowski difference with the prism (``mesh_convex.cylinder_contact``;
+one contact per prism here too, no multi-contact, as MuJoCo 4 gives), a box or a mesh hull by separating axes
 and GJK (``polytope.convex_contact``). The number of candidate cells per pair
 is fixed at ``put_model`` (``candidate_cells``: from the geom's bounding
 radius and the cell size); the cells past the geom's box are masked.
@@ -46,7 +48,7 @@ from torch import Tensor
 
 from diffmj.collision.common import Candidates, GeomPose, HFieldPose, HFieldShape, MeshPose, compact, make_candidates
 from diffmj.collision.mesh import facet_edges, incident_edges, sphere_contact, vertex_edges
-from diffmj.collision.mesh_convex import capsule_contact, ellipsoid_contact
+from diffmj.collision.mesh_convex import capsule_contact, cylinder_contact, ellipsoid_contact
 from diffmj.collision.polytope import Polytope, batched, box_polytope, convex_contact, mesh_polytope
 from diffmj.dataclass import PyTreeNode, pytree_dataclass
 from diffmj.enums import GeomType
@@ -162,6 +164,9 @@ def _local_box(kind: GeomType, geom: GeomPose | MeshPose, frame: GeomPose) -> tu
         half = mat[..., :, 2].abs() * size[..., 1:2] + size[..., :1]
     elif kind == GeomType.ELLIPSOID:
         half = torch.sqrt(((mat * size[..., None, :]) ** 2).sum(-1))
+    elif kind == GeomType.CYLINDER:  # its axis's extent plus the rim's: r sqrt(1 - a_i^2)
+        along = mat[..., :, 2]
+        half = along.abs() * size[..., 1:2] + size[..., :1] * torch.sqrt((1 - along ** 2).clamp(min=0))
     else:  # box
         half = (mat.abs() * size[..., None, :]).sum(-1)
     return pos - half, pos + half
@@ -212,6 +217,9 @@ def _contact(kind: GeomType, prism: Polytope, geom: GeomPose | MeshPose, margin:
     if kind == GeomType.ELLIPSOID:
         dist, normal, pos = ellipsoid_contact(geom, prism)
         return dist, pos, -normal
+    if kind == GeomType.CYLINDER:
+        con = cylinder_contact(geom, prism)
+        return con.dist, 0.5 * (con.point1 + con.point2), -con.normal
     other = mesh_polytope(geom) if kind == GeomType.MESH else box_polytope(geom)
     con = convex_contact(prism, other, margin)
     return con.dist, 0.5 * (con.point1 + con.point2), con.normal

@@ -603,7 +603,7 @@ def _cylinder_candidates(cylinder: GeomPose, p: Polytope) -> _CylinderCandidates
     return _CylinderCandidates(*(torch.cat(parts, -2 if k == 1 else -1) for k, parts in enumerate(zip(*blocks))))
 
 
-class _CylinderContact(NamedTuple):
+class CylinderContact(NamedTuple):
     dist: Tensor  # [n] signed distance of the cylinder and the hull
     normal: Tensor  # [n, 3] from the cylinder to the hull
     point1: Tensor  # [n, 3] witness on the cylinder
@@ -613,7 +613,7 @@ class _CylinderContact(NamedTuple):
     ids2: Tensor  # [n, 3] its vertex ids (the first dim2 count, the last repeated)
 
 
-def _cylinder_contact(cylinder: GeomPose, p: Polytope) -> _CylinderContact:
+def cylinder_contact(cylinder: GeomPose, p: Polytope) -> CylinderContact:
     """Signed distance, normal, witnesses and features, with gradient (see cylinder_mesh)."""
     with torch.no_grad():
         q = Polytope(*(x.detach().double() if x.is_floating_point() else x for x in p))
@@ -681,7 +681,7 @@ def _cylinder_contact(cylinder: GeomPose, p: Polytope) -> _CylinderContact:
     point1 = torch.where(v, vertex_point1, torch.where(e, edge_point1, face_rim))
     ids2 = torch.where(v, vertex_id[..., None].expand(*vertex_id.shape, 3),
                        torch.where(e, torch.cat((edge, edge[..., 1:]), -1), facet))
-    return _CylinderContact(dist, normal, point1, point1 + dist[..., None] * normal,
+    return CylinderContact(dist, normal, point1, point1 + dist[..., None] * normal,
                             (kind == _SIDE_EDGE) | (kind == _SIDE_VERTEX),
                             torch.where(is_vertex, 1, torch.where(is_edge, 2, 3)), ids2)
 
@@ -703,12 +703,12 @@ def cylinder_mesh(cylinder: GeomPose, mesh_geom: MeshPose, margin: Tensor) -> Ca
     16-gon cut to the largest quadrilateral) or a side line within ~5 degrees of parallel to one (2).
     """
     p = mesh_polytope(mesh_geom)
-    con = _cylinder_contact(cylinder, p)
+    con = cylinder_contact(cylinder, p)
     single = (con.dist, 0.5 * (con.point1 + con.point2), con.normal, con.dist < margin)
     return single_or_multi(single, _cylinder_multicontact(cylinder, p, con, margin)[:5], margin)
 
 
-def _cylinder_multicontact(cylinder: GeomPose, p: Polytope, con: _CylinderContact, margin: Tensor,
+def _cylinder_multicontact(cylinder: GeomPose, p: Polytope, con: CylinderContact, margin: Tensor,
                            max_contacts: int = MAX_CONTACTS):
     """mjc_multicontact of a cylinder (geom 1) and a hull (``polytope.clip_features``)."""
     half = 0.5 * margin[..., None]

@@ -69,5 +69,5 @@ COLLIDERS: dict[tuple[GeomType, GeomType], Collider] = {
     **{types: _general_convex(types, n) for types, n in _GENERAL_CONVEX.items()},
     # each prism of the cells under the geom collided by mjc_Convex's single-contact path (hfield.py)
     **{(_G.HFIELD, kind): Collider(hfield.collider(kind), hfield.MAX_CONTACTS, general_convex=True, single_ccd=True)
-       for kind in (_G.SPHERE, _G.CAPSULE, _G.ELLIPSOID, _G.BOX, _G.MESH)},
+       for kind in (_G.SPHERE, _G.CAPSULE, _G.ELLIPSOID, _G.CYLINDER, _G.BOX, _G.MESH)},
 }
