@@ -116,9 +116,12 @@ def all_true(done: Tensor) -> bool:
 def derivative_requested(tensors) -> bool:
     """Whether a derivative of a computation on ``tensors`` may be asked for, readable under Dynamo.
 
-    With grad mode on: any tensor requires grad, or a torch.func transform is active (its
-    wrappers do not report requires_grad: vmap's never do, so any transform counts).
+    A jvp or grad transform is active (forward-mode tangents flow under no_grad too: sysid's stepwise
+    Jacobian runs jvp under no_grad), or with grad mode on: any tensor requires grad, or vmap is
+    active (its wrappers never report requires_grad).
     """
+    if not _only_vmap_active():
+        return True
     if not torch.is_grad_enabled():
         return False
     return torch._C._are_functorch_transforms_active() or any(t.requires_grad for t in tensors)

@@ -111,3 +111,20 @@ def test_gradient_through_explicit_batch_equals_each_element(compiled):
     step = torch.compile(diffmj.step, fullgraph=True, backend="aot_eager") if compiled else diffmj.step
     ctrl_in = ctrl.clone().requires_grad_()
     assert_close("grad", torch.autograd.grad(loss(step, ctrl_in, batch), ctrl_in)[0], expected, 1e-10)
+
+
+def test_jvp_through_explicit_batch_under_no_grad_equals_each_element():
+    """Forward-mode tangents reach the constrained qacc under no_grad too (sysid's stepwise Jacobian runs
+    there): the explicit batch's implicit correction must not be skipped as it is for a plain no_grad call."""
+    m, batch = arm_batch(cone="elliptic")
+    ctrl = torch.linspace(-0.5, 0.5, 3, dtype=torch.float64)[:, None]
+
+    def qvel(ctrl, d):
+        return diffmj.step(m, d.replace(ctrl=ctrl)).qvel
+
+    with torch.no_grad():
+        _, tangent = torch.func.jvp(lambda c: qvel(c, batch), (ctrl,), (torch.ones_like(ctrl),))
+        expected = torch.stack([torch.func.jvp(lambda c: qvel(c, batch[i]), (ctrl[i],), (torch.ones_like(ctrl[i]),))[1]
+                                for i in range(3)])
+    assert expected.abs().max() > 1e-3
+    assert_close("tangent", tangent, expected, 1e-10)

@@ -329,10 +329,7 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
             model = list(model_leaves)
             for i, leaf in zip(varying, changed):
                 model[i] = leaf
-            # each sequence under torch.vmap, not the explicit batch: under these nested jvp / vmap
-            # transforms the explicit batch's constrained step returned zero tangents (open: issue #14)
-            out = torch.vmap(step, in_dims=(None, 0))(pytree.tree_unflatten(model, spec),
-                                                      d0.replace(**state, ctrl=ctrl_t))
+            out = step(pytree.tree_unflatten(model, spec), d0.replace(**state, ctrl=ctrl_t))
             return {name: getattr(out, name) for name in state}, {s: getattr(out, s) for s in measured}
 
         def along(model_tangent: list[Tensor], state_tangent: dict[str, Tensor]):
