@@ -184,7 +184,9 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
         def step(i, *c):
             return (i + 1, *body(c))
 
-        return tuple(while_loop(cond, step, (count, *carry))[1:])
+        # copies: while_loop refuses a carry that aliases another input, and a vmapped piece may pass one of
+        # the body's inputs through (without warm start the first iterate is qacc_smooth itself)
+        return tuple(while_loop(cond, step, (count, *(c.clone() for c in carry)))[1:])
 
     def scan_step(c, _):
         return tuple(body(c)), c[0].new_zeros(())  # scan needs an output per step: a dummy

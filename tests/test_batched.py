@@ -128,3 +128,16 @@ def test_jvp_through_explicit_batch_under_no_grad_equals_each_element():
                                 for i in range(3)])
     assert expected.abs().max() > 1e-3
     assert_close("tangent", tangent, expected, 1e-10)
+
+
+@pytest.mark.slow  # minutes of compile (the default suite compiles the explicit batch once, above)
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "explicit-batch"])
+def test_compiled_step_without_warm_start_equals_eager(batched):
+    """Without warm start the solver's first iterate is qacc_smooth itself, an input the loop's body also
+    reads: the compiled loop must not see its carry alias its other inputs (while_loop refuses that)."""
+    m, batch = arm_batch()
+    m = m.replace(opt=m.opt.replace(disableflags=m.opt.disableflags | mujoco.mjtDisableBit.mjDSBL_WARMSTART))
+    d = batch if batched else batch[1]
+    torch._dynamo.reset()
+    out = torch.compile(diffmj.step, fullgraph=True, backend="aot_eager")(m, d)
+    assert_fields_close(out, diffmj.step(m, d), 1e-10)
