@@ -341,7 +341,8 @@ def replace_convex_contacts(mjm: mujoco.MjModel, mjd: mujoco.MjData, m: diffmj.M
                             into: dict) -> str:
     """Replace in ``mjd`` (after mj_forward) MuJoCo C's contacts of general convex pairs by diffmj's
     (``d``'s, of the same state) where each is certified, and make MuJoCo C's constraints again; "" or
-    why not. ``into``: the count of contacts replaced and the largest angle between the two normals."""
+    why not. ``into``: the count of contacts replaced and the largest distance between the two unit
+    normals (their angle, for small ones)."""
     geoms = m.collision_plan.contact_geom.cpu().numpy()
     dist = d.contact.dist.detach().cpu().numpy()
     pos, frame = d.contact.pos.detach().cpu().numpy(), d.contact.frame.detach().cpu().numpy()
@@ -351,6 +352,8 @@ def replace_convex_contacts(mjm: mujoco.MjModel, mjd: mujoco.MjData, m: diffmj.M
         if COLLIDERS[types].general_convex:
             by_pair[tuple(c.geom)].append(c)
     for pair, contacts in by_pair.items():
+        if mujoco.mjtGeom.mjGEOM_HFIELD in mjm.geom_type[list(pair)]:
+            return f"geoms {int(pair[0])}, {int(pair[1])}: hfield prisms have no support function here"
         slots = [i for i in np.flatnonzero(np.isfinite(dist)) if tuple(geoms[i]) == pair]
         if len(slots) != len(contacts):
             return f"geoms {pair}: MuJoCo C has {len(contacts)} contacts, diffmj {len(slots)}"
@@ -405,7 +408,7 @@ def exact_contact_state(mjm: mujoco.MjModel, m: diffmj.Model, mjd: mujoco.MjData
 
 def exact_contact_errors(mjm: mujoco.MjModel, m: diffmj.Model, states: int, steps: int) -> dict:
     """``exact_contact_state``'s worst error over ``states`` initial states (as ``compare_model``'s):
-    {"error", "replaced" (contacts), "normal_angle" (the largest between MuJoCo's and diffmj's)}, or
+    {"error", "replaced" (contacts), "normal_angle" (as ``replace_convex_contacts``')}, or
     {"refused": why}."""
     out: dict = {"replaced": 0, "normal_angle": 0.0}
     errors: dict[str, float] = {}
