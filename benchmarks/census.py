@@ -29,8 +29,9 @@ worker process that is killed after ``--timeout`` seconds:
    the rollout's error is reported beside it (``diverges`` when over ``--tol``).
 4. **match_ccd**: a model with general convex pairs that does not match is compared again with
    MuJoCo C's contacts of those pairs replaced by diffmj's, where each is certified to lie within
-   MuJoCo C's own GJK / EPA error (``certify``, as test_collision_convex.py bounds it); it matches
-   then, so the difference was MuJoCo C's convex collision stopping at ``opt.ccd_tolerance``.
+   MuJoCo C's own GJK / EPA error (``certify``: by support values, as test_collision_convex.py
+   judges those pairs); it matches then, so the difference was MuJoCo C's convex collision stopping
+   at ``opt.ccd_tolerance`` or ``opt.ccd_iterations``.
 
 Why 1e-9 (``TOL``): the two sides evaluate the same formulas in nearly the same order, so
 they differ by rounding: the test suite measures at most 3e-13 on forward fields and 7e-12
