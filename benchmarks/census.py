@@ -27,6 +27,11 @@ worker process that is killed after ``--timeout`` seconds:
    The error of a field is ``max |diffmj - C| / (1 + |C|)``, the scale-aware relative error of
    the test suite. A model **matches** when every forward and step error is within ``--tol``;
    the rollout's error is reported beside it (``diverges`` when over ``--tol``).
+4. **match_ccd**: a model with general convex pairs that does not match is compared again with
+   MuJoCo C's contacts of those pairs replaced by diffmj's, where each is certified to lie within
+   MuJoCo C's own GJK / EPA error (``certify``: by support values, as test_collision_convex.py
+   judges those pairs); it matches then, so the difference was MuJoCo C's convex collision stopping
+   at ``opt.ccd_tolerance`` or ``opt.ccd_iterations``.
 
 Why 1e-9 (``TOL``): the two sides evaluate the same formulas in nearly the same order, so
 they differ by rounding: the test suite measures at most 3e-13 on forward fields and 7e-12
@@ -41,7 +46,6 @@ difference to find, not rounding.
 from __future__ import annotations
 
 import argparse
-import copy
 import fnmatch
 import json
 import os
@@ -60,6 +64,7 @@ import numpy as np
 import torch
 
 import diffmj
+from diffmj.collision.pairs import COLLIDERS
 from diffmj.collision.plan import convex_pair
 
 BENCH = Path(__file__).resolve().parent
@@ -76,7 +81,8 @@ CTRL_NOISE = 0.1  # of the half range for limited controls, absolute otherwise
 
 ERROR_BANDS = (1e-12, 1e-9, 1e-6, float("inf"))  # the summary's bands of worst errors
 # what a model's record says in one word
-STATUSES = ("match", "mismatch", "static", "refused", "error", "timeout", "not_compiled")
+STATUSES = ("match", "match_ccd", "mismatch", "static", "refused", "error", "timeout", "not_compiled")
+SIMULATED = ("match", "match_ccd", "mismatch")  # the statuses of a model compared with MuJoCo C
 
 
 def is_mjcf(path: Path) -> bool:
@@ -103,7 +109,7 @@ def model_files(root: Path, exclude: list[str] = ()) -> list[Path]:
 def status(record: dict) -> str:
     """A record's status for the tables: a compared model without degrees of freedom (a prop, an
     arena) is ``static``, since nothing in it moves."""
-    compared = record["status"] in ("match", "mismatch")
+    compared = record["status"] in SIMULATED
     return "static" if compared and record["size"]["nv"] == 0 else record["status"]
 
 
@@ -218,12 +224,14 @@ def examine(path: str, states: int, steps: int, tol: float) -> dict:
         errors = compare_model(mjm, m, states, steps, effort)
         worst_of = {part: max_error(values) for part, values in errors.items()}
         matches = all(worst_of[part] <= tol for part in ("forward", "step"))  # False for NaN
-        record["diagnosis"] = {} if matches else diagnose(mjm, states, steps)
+        if not matches and convex_pair(mjm) is not None:
+            record["exact_contacts"] = exact_contact_errors(mjm, m, states, steps)
     except Exception as e:  # noqa: BLE001 - a crash while simulating is a diffmj bug to record
         return record | {"status": "error", "stage": "simulate", "error": harness.reason(e)}
     record["seconds"]["simulate"] = time.perf_counter() - start
     return record | {
-        "status": "match" if matches else "mismatch",
+        "status": "match" if matches else "match_ccd" if record.get("exact_contacts", {}).get(
+            "error", np.inf) <= tol else "mismatch",
         "errors": errors,
         "worst": worst_of,
         "mujoco_solver": effort,
@@ -240,25 +248,177 @@ def compare_model(mjm: mujoco.MjModel, m: diffmj.Model, states: int, steps: int,
     return errors
 
 
-# Settings under which a mismatch is compared again, each where it changes the model: MuJoCo C's
-# general convex collision converged (diffmj's converges on its own, with no such option).
-DIAGNOSES = {
-    "ccd_tolerance 1e-14": (lambda mjm: convex_pair(mjm) is not None, {"ccd_tolerance": 1e-14, "ccd_iterations": 1000}),
-}
+# ---------------------------------------------------------------- MuJoCo C's own convex-collision error
+# MuJoCo C collides the general convex pairs (ellipsoids, cylinders, meshes, ...) by GJK / EPA, which stop
+# at ``opt.ccd_tolerance`` or ``opt.ccd_iterations``; diffmj's contacts are exact to rounding. So a mismatch
+# may be MuJoCo C's error. Each of MuJoCo C's contacts of such a pair is *certified* against diffmj's with
+# support values computed here, independently of diffmj (``support``):
+#
+# - f(u) = h1(u) + h2(-u) is the support function of the Minkowski difference D of the two geoms; its
+#   least value over unit u is the penetration depth (minus the distance when apart), at the contact
+#   normal. EPA's depth -dist_C is a lower bound on it and f at EPA's normal an upper bound: diffmj's
+#   depth f(normal) = -dist must lie in [-dist_C, f(normal_C)] (to CCD_DIST below, VALUE_ROUNDING above).
+#   A diffmj normal off the minimum shows as a MuJoCo normal with a lower support value.
+# - The normal: D is a convex set plus a ball of radius rho, the sum of the geoms' rolling radii (sphere
+#   and capsule radius, an ellipsoid's least radius of curvature c^2 / a; a ball rolls inside each), so
+#   D holds the ball of radius rho touching its supporting plane at depth * normal, and
+#   f(u) >= depth + (rho - depth) (1 - cos angle(u, normal)). The excess f(normal_C) - depth thus bounds
+#   MuJoCo's angle from diffmj's normal. Without a rolling ball (rho <= depth: boxes, cylinders, meshes)
+#   the normals must agree to CCD_DIST.
+# - Positions within that angle times the sum of the geoms' reaches (the largest radius of curvature
+#   of a sphere or ellipsoid, the bounding radius of the others, whose witness points may slide).
+#
+# Contacts of a pair that gives several (multi-CCD: flat faces clipped, exact on both sides) must agree
+# within CCD_DIST. Where every contact is certified, MuJoCo C's forward and step are run again with those
+# contacts replaced by diffmj's (``exact_contact_errors``); a match there is ``match_ccd``.
+CCD_DIST = 1e-9  # tests/conftest.py's TOL["ccd_dist"]
+VALUE_ROUNDING = 1e-15  # rounding of a support value, relative to 1 + |depth| (test_collision_convex.py)
 
 
-def diagnose(mjm: mujoco.MjModel, states: int, steps: int) -> dict[str, float]:
-    """The worst error over ``forward`` and ``step`` under each of the ``DIAGNOSES`` that applies to
-    ``mjm``: one within the tolerance names the cause of a mismatch."""
-    out = {}
-    for name, (applies, options) in DIAGNOSES.items():
-        if applies(mjm):
-            variant = copy.copy(mjm)
-            for option, value in options.items():
-                setattr(variant.opt, option, value)
-            errors = compare_model(variant, diffmj.put_model(variant, dtype=torch.float64), states, steps, {})
-            out[name] = max(max_error(errors["forward"]), max_error(errors["step"]))
-    return out
+def support(mjm: mujoco.MjModel, mjd: mujoco.MjData, geom: int, u: np.ndarray) -> float:
+    """max x.u over the points x of ``geom`` (a mesh: its vertices, whose hull MuJoCo collides)."""
+    size, kind, g = mjm.geom_size[geom], mjm.geom_type[geom], mujoco.mjtGeom
+    v = mjd.geom_xmat[geom].reshape(3, 3).T @ u  # u in the geom's frame
+    if kind == g.mjGEOM_SPHERE:
+        extent = size[0] * np.linalg.norm(v)
+    elif kind == g.mjGEOM_CAPSULE:
+        extent = size[0] * np.linalg.norm(v) + size[1] * abs(v[2])
+    elif kind == g.mjGEOM_CYLINDER:
+        extent = size[0] * np.hypot(v[0], v[1]) + size[1] * abs(v[2])
+    elif kind == g.mjGEOM_BOX:
+        extent = size @ np.abs(v)
+    elif kind == g.mjGEOM_ELLIPSOID:
+        extent = np.linalg.norm(size * v)
+    elif kind == g.mjGEOM_MESH:
+        mesh = mjm.geom_dataid[geom]
+        start = mjm.mesh_vertadr[mesh]
+        extent = (mjm.mesh_vert[start:start + mjm.mesh_vertnum[mesh]].astype(np.float64) @ v).max()
+    else:
+        raise ValueError(f"no support function for geom type {mujoco.mjtGeom(kind).name}")
+    return float(mjd.geom_xpos[geom] @ u + extent)
+
+
+def rolling_radius(mjm: mujoco.MjModel, geom: int) -> float:
+    """The largest ball that rolls freely inside ``geom`` (0 for geoms with flat faces or edges)."""
+    size, kind, g = mjm.geom_size[geom], mjm.geom_type[geom], mujoco.mjtGeom
+    if kind in (g.mjGEOM_SPHERE, g.mjGEOM_CAPSULE):
+        return float(size[0])
+    return float(size.min() ** 2 / size.max()) if kind == g.mjGEOM_ELLIPSOID else 0.0
+
+
+def reach(mjm: mujoco.MjModel, geom: int) -> float:
+    """How far ``geom``'s witness point may move per radian of normal (see above)."""
+    size, kind, g = mjm.geom_size[geom], mjm.geom_type[geom], mujoco.mjtGeom
+    if kind == g.mjGEOM_SPHERE:
+        return float(size[0])
+    return float(size.max() ** 2 / size.min()) if kind == g.mjGEOM_ELLIPSOID else float(mjm.geom_rbound[geom])
+
+
+def certify(mjm: mujoco.MjModel, mjd: mujoco.MjData, contact, ours: tuple) -> str:
+    """"" if MuJoCo C's single contact ``contact`` of a general convex pair lies within its own GJK / EPA
+    error of diffmj's ``ours`` (dist, pos [3], normal [3]) by the bounds above, else why not."""
+    dist, pos, normal = ours
+    g1, g2 = contact.geom
+    f = lambda u: support(mjm, mjd, g1, u) + support(mjm, mjd, g2, -u)  # noqa: E731
+    depth, theirs = f(normal), contact.frame[:3].copy()
+    rounding = VALUE_ROUNDING * (1 + abs(depth))
+    if abs(depth + dist) > 1e3 * rounding:
+        return f"diffmj's dist {dist:.6e} is not its support value {-depth:.6e}"
+    if -contact.dist > depth + CCD_DIST:
+        return f"MuJoCo's depth {-contact.dist:.6e} exceeds diffmj's {depth:.6e}"
+    excess = f(theirs) - depth
+    if excess < -rounding:
+        return f"MuJoCo's normal has a support value {-excess:.1e} below diffmj's"
+    curvature = sum(rolling_radius(mjm, g) for g in (g1, g2)) - depth
+    angle = 2 * np.arcsin(min(np.linalg.norm(theirs - normal) / 2, 1.0))
+    bound = CCD_DIST + (np.arccos(max(1 - (excess + rounding) / curvature, -1.0)) if curvature > 0 else 0.0)
+    moved = np.abs(contact.pos - pos).max()
+    if angle > bound or moved > CCD_DIST + bound * (reach(mjm, g1) + reach(mjm, g2)):
+        return f"normal {angle:.1e} rad or position {moved:.1e} off, bound {bound:.1e} rad"
+    return ""
+
+
+def replace_convex_contacts(mjm: mujoco.MjModel, mjd: mujoco.MjData, m: diffmj.Model, d: diffmj.Data,
+                            into: dict) -> str:
+    """Replace in ``mjd`` (after mj_forward) MuJoCo C's contacts of general convex pairs by diffmj's
+    (``d``'s, of the same state) where each is certified, and make MuJoCo C's constraints again; "" or
+    why not. ``into``: the count of contacts replaced and the largest distance between the two unit
+    normals (their angle, for small ones)."""
+    geoms = m.collision_plan.contact_geom.cpu().numpy()
+    dist = d.contact.dist.detach().cpu().numpy()
+    pos, frame = d.contact.pos.detach().cpu().numpy(), d.contact.frame.detach().cpu().numpy()
+    by_pair = defaultdict(list)
+    for c in mjd.contact[:mjd.ncon]:
+        types = tuple(sorted(diffmj.GeomType(int(t)) for t in mjm.geom_type[c.geom]))
+        if COLLIDERS[types].general_convex:
+            by_pair[tuple(c.geom)].append(c)
+    for pair, contacts in by_pair.items():
+        if mujoco.mjtGeom.mjGEOM_HFIELD in mjm.geom_type[list(pair)]:
+            return f"geoms {int(pair[0])}, {int(pair[1])}: hfield prisms have no support function here"
+        slots = [i for i in np.flatnonzero(np.isfinite(dist)) if tuple(geoms[i]) == pair]
+        if len(slots) != len(contacts):
+            return f"geoms {pair}: MuJoCo C has {len(contacts)} contacts, diffmj {len(slots)}"
+        for c in contacts:
+            i = min(slots, key=lambda i: np.linalg.norm(pos[i] - c.pos))
+            slots.remove(i)
+            ours = (float(dist[i]), pos[i], frame[i, 0])
+            if len(contacts) == 1:
+                reason = certify(mjm, mjd, c, ours)
+            else:  # multi-CCD: clipped flat features, exact on both sides
+                off = max(abs(c.dist - ours[0]), np.abs(c.pos - ours[1]).max(), np.abs(c.frame[:3] - ours[2]).max())
+                reason = f"multi-CCD contact {off:.1e} off" if off > CCD_DIST else ""
+            if reason:
+                return f"geoms {int(pair[0])}, {int(pair[1])}: {reason}"
+            into["replaced"] += 1
+            into["normal_angle"] = max(into["normal_angle"], float(np.linalg.norm(c.frame[:3] - ours[2])))
+            c.dist, c.pos[:], c.frame[:] = ours[0], pos[i], frame[i].reshape(-1)
+    mujoco.mj_makeConstraint(mjm, mjd)
+    mujoco.mj_island(mjm, mjd)
+    mujoco.mj_projectConstraint(mjm, mjd)
+    mujoco.mj_forwardSkip(mjm, mjd, mujoco.mjtStage.mjSTAGE_POS, 0)
+    return ""
+
+
+# MuJoCo C's integrators that do not collide again within a step (RK4 does, at its stages)
+INTEGRATE = {mujoco.mjtIntegrator.mjINT_EULER: mujoco.mj_Euler, mujoco.mjtIntegrator.mjINT_IMPLICIT: mujoco.mj_implicit,
+             mujoco.mjtIntegrator.mjINT_IMPLICITFAST: mujoco.mj_implicit}
+
+
+def exact_contact_state(mjm: mujoco.MjModel, m: diffmj.Model, mjd: mujoco.MjData, steps: int, into: dict) -> dict:
+    """``compare_state``'s forward and step errors from ``mjd`` against MuJoCo C with its general-convex
+    contacts replaced by diffmj's, each certified (``replace_convex_contacts``; MuJoCo C steps with them
+    too); {"refused": why} where one is not. ``into``: as ``replace_convex_contacts``'."""
+    integrate = INTEGRATE.get(mujoco.mjtIntegrator(mjm.opt.integrator))
+    if integrate is None:
+        return {"refused": "MuJoCo C's RK4 collides again at its stages"}
+    errors: dict[str, float] = {}
+    current = mujoco.MjData(mjm)
+    mujoco.mj_copyData(current, mjm, mjd)
+    for k in range(steps):
+        ours = diffmj.step(m, diffmj.put_data(m, current))  # its contacts and forward fields are of ``current``
+        mujoco.mj_forward(mjm, current)
+        refused = replace_convex_contacts(mjm, current, m, ours, into)
+        if refused:
+            return {"refused": refused}
+        if k == 0:
+            worst({f: field_error(getattr(ours, f), getattr(current, f)) for f in FORWARD_FIELDS}, errors)
+        integrate(mjm, current)
+        worst({f: field_error(getattr(ours, f), getattr(current, f)) for f in STEP_FIELDS}, errors)
+    return errors
+
+
+def exact_contact_errors(mjm: mujoco.MjModel, m: diffmj.Model, states: int, steps: int) -> dict:
+    """``exact_contact_state``'s worst error over ``states`` initial states (as ``compare_model``'s):
+    {"error", "replaced" (contacts), "normal_angle" (as ``replace_convex_contacts``')}, or
+    {"refused": why}."""
+    out: dict = {"replaced": 0, "normal_angle": 0.0}
+    errors: dict[str, float] = {}
+    for seed in range(states):
+        state = exact_contact_state(mjm, m, initial_state(mjm, seed), steps, out)
+        if "refused" in state:
+            return state
+        worst(state, errors)
+    return out | {"error": max_error(errors)}
 
 
 def serve(states: int, steps: int, tol: float) -> None:
@@ -334,7 +494,7 @@ def describe(record: dict) -> str:
     status = record["status"]
     if status == "refused":
         return f"refused: {record['refusal']}"
-    if status in ("match", "mismatch"):
+    if status in SIMULATED:
         worst_of = record["worst"]
         return (f"{status}: forward {fmt_error(worst_of['forward'])}, step {fmt_error(worst_of['step'])}, "
                 f"rollout {fmt_error(worst_of['rollout'])}")
@@ -351,9 +511,11 @@ def summary_tables(records: list[dict], tol: float) -> str:
     lines = [f"{len(models)} models with degrees of freedom compiled by MuJoCo ({total['static']} static ones "
              f"and {total['not_compiled']} files that did not compile set aside); loaded by diffmj: "
              f"{sum(status(r) not in ('refused', 'timeout') for r in models)}; match MuJoCo C within {tol:g}: "
-             f"{total['match']}.", ""]
-    lines += ["| collection | models | match | mismatch | refused | error | timeout | (static) | (not compiled) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{total['match']}, and {total['match_ccd']} more where MuJoCo C's convex contacts are replaced by "
+             "diffmj's, each certified within MuJoCo C's own GJK / EPA error (match_ccd).", ""]
+    lines += ["| collection | models | match | match_ccd | mismatch | refused | error | timeout | (static) "
+              "| (not compiled) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     columns = [s for s in STATUSES if s not in ("static", "not_compiled")] + ["static", "not_compiled"]
     for name, c in list(counts.items()) + [("**all**", total)]:
         lines.append(f"| {name} | {sum(c[s] for s in columns[:-2])} | " + " | ".join(str(c[s]) for s in columns) + " |")
@@ -370,15 +532,16 @@ def summary_tables(records: list[dict], tol: float) -> str:
         where = ", ".join(f"{c} {n}" for c, n in cols.most_common())
         lines.append(f"| `{name}` | {len(group)} | {where} | {group[0]['collection']}/{group[0]['model']} |")
 
-    compared = [r for r in models if status(r) in ("match", "mismatch")]
+    compared = [r for r in models if status(r) in SIMULATED]
     bands = Counter(next(i for i, bound in enumerate(ERROR_BANDS) if error_of(r) <= bound) for r in compared)
     lines += ["", f"Worst error over `forward` and `step` of the {len(compared)} simulated models: " + ", ".join(
         f"{bands[i]} {label}" for i, label in enumerate(("<= 1e-12", "<= 1e-9", "<= 1e-6", "> 1e-6 (or NaN)")))
         + f"; the free rollout stays within {tol:g} on {sum(not r['diverges'] for r in compared)}."]
 
-    loaded = [r for r in models if status(r) in ("match", "mismatch", "error")]
+    loaded = [r for r in models if status(r) in SIMULATED + ("error",)]
     lines += ["", f"Loaded models ({len(loaded)}): worst error over the fields of `forward` and `step`, and "
-              "of the free `rollout` (a mismatch shows its worst error again under `DIAGNOSES`' settings); "
+              "of the free `rollout` (a mismatch of a model with convex pairs, its worst error against MuJoCo C with "
+              "diffmj's certified convex contacts, or why they were not certified); "
               "MuJoCo C's most contacts, and solver iterations and line-search evaluations used of those "
               "allowed (`opt.iterations`, `opt.ls_iterations`):", "",
               "| collection | model | nq | nv | nu | status | forward | step | rollout | C: ncon, iterations, ls | s |",
@@ -390,8 +553,10 @@ def summary_tables(records: list[dict], tol: float) -> str:
                   f"{effort['ls_evals']}/{r['options']['ls_iterations']}" if effort else "")
         if effort and effort["resets"]:
             solver += f"; C reset an unstable state {effort['resets']}x"
-        if r.get("diagnosis"):
-            shown += " (" + "; ".join(f"{name}: {fmt_error(err)}" for name, err in r["diagnosis"].items()) + ")"
+        exact = r.get("exact_contacts")
+        if exact:
+            shown += (f" (MuJoCo C with diffmj's {exact['replaced']} certified convex contacts: "
+                      f"{fmt_error(exact['error'])})" if "error" in exact else f" (not certified: {exact['refused']})")
         lines.append(f"| {r['collection']} | {r['model']} | {size.get('nq', '')} | {size.get('nv', '')} | "
                      f"{size.get('nu', '')} | {shown} | {fmt_error(worst_of.get('forward'))} | "
                      f"{fmt_error(worst_of.get('step'))} | {fmt_error(worst_of.get('rollout'))} | {solver} | "

@@ -35,6 +35,7 @@ import difflib
 import torch
 from torch import Tensor
 
+from diffmj.collision.driver import check_hfield_reach
 from diffmj.names import KINDS
 from diffmj.setconst import SET_CONST_INPUTS, set_const
 from diffmj.types import JointType, Model
@@ -88,6 +89,8 @@ def get_param(m: Model, name: str, obj: str | int | None = None) -> Tensor:
 
 
 FLUID_PARAMS = ("opt.density", "opt.viscosity", "opt.wind", "geom_fluid")
+# what sets how far a geom reaches over an hfield, for which put_model fixed the cells collided
+HFIELD_REACH_PARAMS = ("geom_size", "geom_rbound", "geom_margin", "geom_gap", "pair_margin", "pair_gap", "opt.o_margin")
 
 
 def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None = None) -> Model:
@@ -99,8 +102,9 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
     recomputed for the new value (``set_const``), so gradients reach the constraint rows through
     them. Differentiable in ``value`` and usable under ``torch.func`` (``grad``, ``vmap`` over
     values). Raises ValueError as ``get_param`` does, for a value that does not broadcast, and for
-    fluid parameters (``FLUID_PARAMS``) of a model put_model loaded without fluid forces, and for
-    ``body_gravcomp`` of a model loaded without gravity compensation.
+    fluid parameters (``FLUID_PARAMS``) of a model put_model loaded without fluid forces, for
+    ``body_gravcomp`` of a model loaded without gravity compensation, and for a geom that would reach
+    past the hfield cells put_model planned for it (``HFIELD_REACH_PARAMS``; ``check_hfield_reach``).
     """
     current = _field(m, name)
     if name in FLUID_PARAMS and not m.fluid_plan.enabled:
@@ -129,6 +133,10 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
         index = torch.arange(current.shape[0], device=current.device)[rows].reshape(-1)
         new = current.index_copy(0, index, value.reshape(index.shape[0], *current.shape[1:]))
     if name.startswith("opt."):
-        return m.replace(opt=m.opt.replace(**{name[4:]: new}))
-    m = m.replace(**{name: new})
-    return set_const(m) if name in SET_CONST_INPUTS else m
+        m = m.replace(opt=m.opt.replace(**{name[4:]: new}))
+    else:
+        m = m.replace(**{name: new})
+        m = set_const(m) if name in SET_CONST_INPUTS else m
+    if name in HFIELD_REACH_PARAMS:
+        check_hfield_reach(m)
+    return m

@@ -8,7 +8,7 @@ plain code would.
 * ``canonical_layout``: a compiled step fed its own output must not recompile.
 * ``add_at_distinct`` / ``add_blocks`` / ``sum_at``: the scatter-adds of the physics,
   written so that no ``index_add`` reaches inductor's CPU code (pytorch/pytorch#191837).
-* ``transform_active`` / ``all_true``: functorch's wrappers, read in eager mode only,
+* ``transform_active`` / ``all_true`` / ``unwrapped``: functorch's wrappers, read in eager mode only,
   for which no public API exists; ``derivative_requested``: whether autograd or a
   transform may differentiate, which under compile decides whether the implicit
   adjoint's correction is traced at all.
@@ -106,11 +106,15 @@ def all_true(done: Tensor) -> bool:
     Under vmap / grad the flag is a functorch wrapper; its unwrapped tensor holds every
     batch element, so a loop asking this stops once all are done.
     """
-    if torch.compiler.is_compiling():
-        return False
-    while torch._C._functorch.is_functorch_wrapped_tensor(done):
-        done = torch._C._functorch.get_unwrapped(done)
-    return bool(done.all())
+    return not torch.compiler.is_compiling() and bool(unwrapped(done).all())
+
+
+def unwrapped(x: Tensor) -> Tensor:
+    """x without functorch's wrappers: under vmap the tensor of every batch element (the batch dims
+    where functorch keeps them), read in eager mode only."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(x):
+        x = torch._C._functorch.get_unwrapped(x)
+    return x
 
 
 def derivative_requested(tensors) -> bool:

@@ -160,6 +160,45 @@ def test_refused_by_name():
         diffmj.put_model(mujoco.MjModel.from_xml_string(_terrain("box", 0.0)))
 
 
+def _sphere_over_terrain(radius: float, margin: float) -> mujoco.MjModel:
+    return mujoco.MjModel.from_xml_string(_terrain("sphere", margin).replace('size=".06"', f'size="{radius}"'))
+
+
+def test_growing_within_the_planned_cells_matches_mujoco():
+    """put_model plans the cells per hfield pair from the geom's reach, rbound + margin + gap: the sphere
+    (radius .06 over cells .1 wide) gets 3 x 3 cells, which cover a reach up to .1. Grown to radius .095
+    by set_param, it collides as MuJoCo C does with the grown sphere compiled (contacts over 4 cells)."""
+    m = diffmj.put_model(_sphere_over_terrain(0.06, 0.0))
+    group = next(g for g in m.collision_plan.groups if g.types[0] == GeomType.HFIELD)
+    assert group.cells.shape[0] == 9 and float(group.reach[0]) == pytest.approx(0.1)
+    grown = diffmj.set_param(m, "geom_size", torch.tensor([0.095, 0, 0], dtype=m.dtype), 1)
+    mjm = _sphere_over_terrain(0.095, 0.0)
+    counts = []
+    for mjd, d in mujoco_states(mjm, grown, _poses(30)):
+        counts.append(mjd.ncon)
+        compare_contacts(grown, collision(grown, d), mjd, tol=CCD_TOL)
+    assert max(counts) >= 4, counts
+
+
+def test_reaching_past_the_planned_cells_is_refused():
+    """A geom grown past the reach its planned cells cover would lose the cells past them without a
+    word: set_param refuses it (geom_size, geom_margin; also under vmap, where one element does), and so
+    does a step of a model whose margin was replaced raw."""
+    mjm = _sphere_over_terrain(0.06, 0.0)
+    m = diffmj.put_model(mjm)
+    with pytest.raises(ValueError, match="geom 1 now reaches 0.12 .*geom_size.* past the 0.1 .*'ground'"):
+        diffmj.set_param(m, "geom_size", torch.tensor([0.12, 0, 0], dtype=m.dtype), 1)
+    with pytest.raises(ValueError, match="geom_margin"):
+        diffmj.set_param(m, "geom_margin", 0.05, 1)
+    with pytest.raises(ValueError, match="now reaches 0.11"):
+        torch.vmap(lambda margin: diffmj.set_param(m, "geom_margin", margin, 1).geom_margin)(
+            torch.tensor([0.0, 0.05], dtype=m.dtype))
+    wider = m.replace(geom_margin=m.geom_margin + 0.05)
+    with pytest.raises(ValueError, match="put_model"):
+        diffmj.step(wider, diffmj.make_data(wider))
+    diffmj.step(m, diffmj.make_data(m))  # as planned
+
+
 # the ball's contacts are exact in MuJoCo too (its centre's distance); the box's (with margin: a smooth
 # geom to MuJoCo's EPA) carry its pos / frame error into the step (measured 2e-9 on qvel)
 @pytest.mark.parametrize("kind, margin, tol", [("sphere", 0.0, TOL["smooth"]), ("box", 0.002, TOL["ccd_contact"])])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffmj import math
+from diffmj import math, workarounds
 from diffmj.collision.common import Candidates, GeomPose, HFieldPose, MeshPose, make_frame
 from diffmj.collision.hfield import hfield_shape
 from diffmj.collision.mesh import mesh_shape
@@ -90,9 +90,43 @@ def contact_params(m: Model) -> dict[str, Tensor]:
     }
 
 
+def check_hfield_reach(m: Model, margin_gap: Tensor | None = None) -> None:
+    """ValueError where a geom of an hfield pair reaches farther than put_model planned cells for.
+
+    The hfield cells collided per pair are fixed at put_model from the geom's bounding radius, margin
+    and gap (hfield.candidate_cells); a geom grown since (``geom_size`` through ``geom_rbound``,
+    ``geom_margin``, ``geom_gap``, ``pair_margin``, ``pair_gap``, ``opt.o_margin``) would lose the cells
+    past them without a word. Checked in eager mode, under vmap for every element (``margin_gap``
+    [npair]: margin + gap per candidate pair, as ``contact_params`` gives; computed if None); not under
+    torch.compile, whose shapes stay as planned: check a changed model eagerly (set_param does).
+    """
+    if torch.compiler.is_compiling():
+        return
+    plan = m.collision_plan
+    for group in plan.groups:
+        if group.types[0] != GeomType.HFIELD:
+            continue
+        if margin_gap is None:
+            params = contact_params(m)
+            margin_gap = params["margin"] + params["gap"]
+        geom = plan.geom2[group.pair]
+        need = (m.geom_rbound[geom] + margin_gap[group.pair]).detach()  # [npair of the group]
+        over = need >= group.reach
+        if workarounds.unwrapped(over).any():  # under vmap: of any element
+            i = next(i for i in range(geom.shape[0]) if workarounds.unwrapped(over[i]).any())
+            g, hfield = int(geom[i]), int(plan.geom1[group.pair[i]])
+            raise ValueError(
+                f"geom {m.names.geom[g] or g!r} now reaches {workarounds.unwrapped(need[i]).max():.6g} "
+                f"(geom_rbound, from geom_size, plus margin and gap: geom_margin + geom_gap, pair_margin + "
+                f"pair_gap or opt.o_margin), past the {float(group.reach[i]):.6g} that put_model planned the "
+                f"cells of hfield geom {m.names.geom[hfield] or hfield!r} for, whose cells past them would be "
+                "dropped; call diffmj.put_model on a mujoco.MjModel with the new values")
+
+
 def _narrow_phase(m: Model, d: Data, margin_gap: Tensor) -> Candidates:
     """All contact slots, group by group in the plan's order: [ncon] fields."""
     plan = m.collision_plan
+    check_hfield_reach(m, margin_gap)
     parts = []
     for group in plan.groups:
         g1, g2 = plan.geom1[group.pair], plan.geom2[group.pair]

@@ -30,7 +30,10 @@ its Minkowski difference with the prism (``mesh_convex.cylinder_contact``;
 one contact per prism here too, no multi-contact, as MuJoCo 4 gives), a box or a mesh hull by separating axes
 and GJK (``polytope.convex_contact``). The number of candidate cells per pair
 is fixed at ``put_model`` (``candidate_cells``: from the geom's bounding
-radius and the cell size); the cells past the geom's box are masked.
+radius, margin and gap and the cell size); the cells past the geom's box are
+masked. A geom made to reach farther later (``geom_size``, ``geom_margin``,
+... by ``set_param``) would have cells past the planned ones: the collision
+driver refuses it (``driver.check_hfield_reach``) rather than drop them.
 
 Shapes: ``n`` pairs; a single pair without the leading dim is accepted (as
 under ``torch.vmap`` over the pairs).
@@ -89,20 +92,40 @@ def hfield_shape(hfields: HFields, row: Tensor, cells: Tensor) -> HFieldShape:
                        cells.expand(row.shape[0], *cells.shape))
 
 
-def candidate_cells(mjm: mujoco.MjModel, pairs: list[tuple[int, int, float]]) -> list[tuple[int, int]]:
+def candidate_cells(mjm: mujoco.MjModel,
+                    pairs: list[tuple[int, int, float]]) -> tuple[list[tuple[int, int]], list[float]]:
     """Offsets (row, column) of every cell that may lie under the geom of any of the (hfield geom, geom,
-    margin + gap) ``pairs``: the bounding box of a geom of bounding radius rb, widened by the margin m,
-    spans at most ceil(2 (rb + m) / dx) + 1 columns (floor at one end, ceil at the other); one more
-    covers rounding of the box."""
+    margin + gap) ``pairs``, and for each pair the reach those cells cover (``planned_reach``).
+
+    The bounding box of a geom of bounding radius rb, widened by the margin m, spans s = 2 (rb + m) / dx
+    cells of width dx, so it touches at most floor(s) + 2 columns (floor at one end, ceil at the other);
+    s is taken 1e-6 larger, so that the planned geom stays clear of its bound under rounding (float32).
+    """
     rows = cols = 1
     for hfield_geom, geom, margin in pairs:
-        k = mjm.geom_dataid[hfield_geom]
-        nrow, ncol = int(mjm.hfield_nrow[k]), int(mjm.hfield_ncol[k])
-        span = 2 * (float(mjm.geom_rbound[geom]) + margin)
-        dx, dy = 2 * mjm.hfield_size[k, 0] / (ncol - 1), 2 * mjm.hfield_size[k, 1] / (nrow - 1)
+        nrow, ncol, dx, dy = _grid(mjm, hfield_geom)
+        span = 2 * (float(mjm.geom_rbound[geom]) + margin) * (1 + 1e-6)
         rows = max(rows, min(nrow - 1, math.floor(span / dy) + 2))
         cols = max(cols, min(ncol - 1, math.floor(span / dx) + 2))
-    return [(r, c) for r in range(rows) for c in range(cols)]
+    return [(r, c) for r in range(rows) for c in range(cols)], [planned_reach(mjm, h, rows, cols) for h, _, _ in pairs]
+
+
+def planned_reach(mjm: mujoco.MjModel, hfield_geom: int, rows: int, cols: int) -> float:
+    """The largest geom_rbound + margin + gap of a geom whose cells over ``hfield_geom``'s grid are all
+    among ``rows`` x ``cols`` candidate cells: floor(s) + 2 <= cols while s < cols - 1 (see
+    ``candidate_cells``), so the reach is (cols - 1) dx / 2, the lesser of the two axes; inf where
+    the candidates span the whole grid."""
+    nrow, ncol, dx, dy = _grid(mjm, hfield_geom)
+    along_x = math.inf if cols >= ncol - 1 else (cols - 1) * dx / 2
+    along_y = math.inf if rows >= nrow - 1 else (rows - 1) * dy / 2
+    return min(along_x, along_y)
+
+
+def _grid(mjm: mujoco.MjModel, hfield_geom: int) -> tuple[int, int, float, float]:
+    """Rows, columns and the cell sizes dx, dy of the hfield of geom ``hfield_geom``."""
+    k = mjm.geom_dataid[hfield_geom]
+    nrow, ncol = int(mjm.hfield_nrow[k]), int(mjm.hfield_ncol[k])
+    return nrow, ncol, 2 * float(mjm.hfield_size[k, 0]) / (ncol - 1), 2 * float(mjm.hfield_size[k, 1]) / (nrow - 1)
 
 
 def hfield_unsupported(mjm: mujoco.MjModel, geom: int, margin: float) -> str | None:

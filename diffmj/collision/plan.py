@@ -11,6 +11,8 @@ a pair that is too far apart simply yields no active contact.
 
 from __future__ import annotations
 
+import math
+
 import mujoco
 import numpy as np
 import torch
@@ -29,6 +31,8 @@ class PairGroup(PyTreeNode):
     types: tuple[GeomType, GeomType] = static_field()
     pair: Tensor  # [n] indices into the candidate pair list
     cells: Tensor  # [K, 2] long: hfield pairs: offsets (row, column) of the cells to collide ([0, 2] otherwise)
+    # [n] hfield pairs: the geom_rbound + margin + gap each pair's cells cover (hfield.planned_reach); inf otherwise
+    reach: Tensor
 
 
 @pytree_dataclass
@@ -209,10 +213,11 @@ def build_collision_plan(mjm: mujoco.MjModel, dtype: torch.dtype, device: torch.
         members = [i for i, (a, b, _) in enumerate(pairs) if (mjm.geom_type[a], mjm.geom_type[b]) == key]
         if not members:
             continue
-        cells = candidate_cells(mjm, [(g1[i], g2[i], _margin_gap(mjm, g1[i], g2[i], pid[i])) for i in members]) \
-            if key[0] == GeomType.HFIELD else []
+        cells, reach = candidate_cells(mjm, [(g1[i], g2[i], _margin_gap(mjm, g1[i], g2[i], pid[i])) for i in members]) \
+            if key[0] == GeomType.HFIELD else ([], [math.inf] * len(members))
         slots = contact_slots(len(cells)) if cells else collider.max_contacts
-        groups.append(PairGroup(types=key, pair=long(members), cells=long(cells).reshape(-1, 2)))
+        groups.append(PairGroup(types=key, pair=long(members), cells=long(cells).reshape(-1, 2),
+                                reach=torch.as_tensor(reach, dtype=dtype, device=device)))
         for i in members:
             contact_pair += [i] * slots
             contact_dim += [_condim(mjm, g1[i], g2[i], pid[i], priority1[i])] * slots
