@@ -367,8 +367,11 @@ def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Paramet
         "cost": result.cost, "status": result.status,
     }
     if compiled:
+        # Dynamo's timers, summed over the process's compiles so far (one problem per process: its own)
+        stages, seconds = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
         out.update(threads=1, wall_cached_s=cached.wall_time, compile_s=result.wall_time - cached.wall_time,
-                   same_result_cached=bool(torch.equal(result.x, cached.x)))
+                   same_result_cached=bool(torch.equal(result.x, cached.x)),
+                   compile_stages_s={k: float(v) for k, v in zip(stages, seconds)})
     return out
 
 
