@@ -367,8 +367,11 @@ def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Paramet
         "cost": result.cost, "status": result.status,
     }
     if compiled:
+        # Dynamo's timers, summed over the process's compiles so far (one problem per process: its own)
+        stages, seconds = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
         out.update(threads=1, wall_cached_s=cached.wall_time, compile_s=result.wall_time - cached.wall_time,
-                   same_result_cached=bool(torch.equal(result.x, cached.x)))
+                   same_result_cached=bool(torch.equal(result.x, cached.x)),
+                   compile_stages_s={k: float(v) for k, v in zip(stages, seconds)})
     return out
 
 
@@ -398,7 +401,10 @@ METHODS = {
 }
 
 
-def run_problem(problem: Problem, methods: list[str], max_iters: int, max_chunks: int | None) -> dict:
+def run_problem(problem: Problem, methods: list[str], max_iters: int, max_chunks: int | None,
+                save: Callable[[dict], None]) -> None:
+    """Runs the methods on the problem; save(the problem's results so far) after each, so that a run stopped
+    during a long fit keeps the rows before it."""
     rec = record(problem, max_chunks)
     batch, horizon = rec.ctrl.shape[:2]
     print(f"{problem.name}: {rec.steps} steps recorded, {batch} chunks of {horizon}", flush=True)
@@ -425,16 +431,17 @@ def run_problem(problem: Problem, methods: list[str], max_iters: int, max_chunks
         "diffmj_fit_compiled": lambda: run_diffmj_fit(problem, m, params, data, max_iters, compiled=True),
         "minimize_exact": lambda: run_minimize_exact(problem, m, params, data, max_iters),
     }
+    save(out)
     for name in methods:
         try:
             r = out["methods"][name] = runs[name]()
         except Exception as error:  # recorded, and the other methods still run
             out["methods"][name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
             print(f"  {name} failed: {out['methods'][name]['error'][:300]}", flush=True)
-            continue
-        cached = f" ({r['wall_cached_s']:.1f} s with the graphs compiled)" if "wall_cached_s" in r else ""
-        print(f"  {name}: {r['wall_s']:.1f} s{cached}, error {r['max_relative_error']:.1e}", flush=True)
-    return out
+        else:
+            cached = f" ({r['wall_cached_s']:.1f} s with the graphs compiled)" if "wall_cached_s" in r else ""
+            print(f"  {name}: {r['wall_s']:.1f} s{cached}, error {r['max_relative_error']:.1e}", flush=True)
+        save(out)
 
 
 def markdown(result: dict) -> str:
@@ -476,10 +483,14 @@ def main() -> None:
                                                       "max_iters": args.max_iters,
                                                       "max_chunks": args.max_chunks, "threads": THREADS}, "problems": {}}
     for name in args.problems:
-        result["problems"][name] = run_problem(all_problems[name], args.methods, args.max_iters, args.max_chunks)
-        result["machine"]["load_average_end"] = os.getloadavg()
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1, default=float))
+
+        def save(problem_result: dict, name: str = name) -> None:
+            result["problems"][name] = problem_result
+            result["machine"]["load_average_end"] = os.getloadavg()
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=1, default=float))
+
+        run_problem(all_problems[name], args.methods, args.max_iters, args.max_chunks, save)
     print(markdown(result))
 
 

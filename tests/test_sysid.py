@@ -340,3 +340,34 @@ def test_compiled_fit(backend):
                                atol=1e-10 * (1 + expected.abs().max().item()))
     with pytest.raises(ValueError, match="forward mode"):
         sysid.fit(m, SPRING_PARAMS, data, compile=True, mode="reverse")
+
+
+# A horizontal bar on a vertical hinge (gravity exerts no torque) thrown or pushed by its motor into its joint limit.
+LIMITED_PENDULUM = """
+<mujoco><compiler angle="radian"/><option timestep="0.01" integrator="{integrator}" cone="{cone}"><flag warmstart="{warmstart}"/></option>
+  <worldbody><body name="bar"><joint name="hinge" axis="0 0 1" range="-0.3 0.3" limited="true" damping="0.1"/>
+    <geom type="capsule" fromto="0 0 0 .5 0 0" size=".02" mass="1" contype="0" conaffinity="0"/></body></worldbody>
+  <actuator><motor name="motor" joint="hinge"/></actuator>
+  <sensor><jointpos joint="hinge"/><jointvel joint="hinge"/></sensor></mujoco>"""
+
+
+@pytest.mark.parametrize("integrator, cone, warmstart", [
+    ("implicitfast", "pyramidal", "enable"),  # as mujoco.sysid's arm
+    ("Euler", "elliptic", "enable"),
+    ("Euler", "pyramidal", "disable"),  # the tangents' step still starts from the solution
+    ("RK4", "pyramidal", "enable"),  # its stages solve at other states: the solver iterates under jvp
+])
+def test_stepwise_jacobian_through_the_constraint_solver(integrator, cone, warmstart):
+    """Two starts past the limit, one moving into it, one at rest pushed into it by the motor: each step
+    solves without tangents, then takes the solution's tangent under jvp (residual_and_jacobian_function)."""
+    xml = LIMITED_PENDULUM.format(integrator=integrator, cone=cone, warmstart=warmstart)
+    m = diffmj.put_model(mujoco.MjModel.from_xml_string(xml))
+    d0 = diffmj.make_data(m, batch_shape=(2,)).replace(qpos=torch.tensor([[0.31], [0.305]], dtype=m.dtype),
+                                                       qvel=torch.tensor([[3.0], [0.0]], dtype=m.dtype))
+    ctrl = torch.full((2, 6, 1), 2.0, dtype=m.dtype)
+    traj = diffmj.rollout(m, d0, ctrl)
+    assert (traj.efc_force.abs().sum(-1) > 1).all()  # the limit pushes back at every step of both starts
+    params = [sysid.Parameter("dof_armature", "hinge", initial=0.05),
+              sysid.Parameter("jnt_solref", "hinge", index=0, initial=0.03)]
+    data = sysid.Recording(d0, ctrl, sensordata=traj.sensordata)
+    _assert_joint_equals_separate(m, params, data, sysid.initial_vector(m, params))

@@ -35,7 +35,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj import Data, Model, differentiate_pos, get_param, rollout, set_param, step
+from diffmj import (Data, DisableBit, IntegratorType, Model, differentiate_pos, get_param, rollout, set_param,
+                    step)
 from diffmj.rollout import CompileArg, compile_options
 from diffmj.types import STATE_FIELDS
 
@@ -295,7 +296,8 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
     tangents (d state / dx, one per component of x) step by step: forward-mode sensitivities.
 
     The same operations as ``residual`` and ``jacobian(mode="forward")`` (tangents batched the same
-    way, outside the batch of sequences), so the results agree to roundoff. The point of stepping by
+    way, outside the batch of sequences; the constraint solver's iterations without tangents, its
+    solution's tangent by the same implicit adjoint), so the results agree to roundoff. The point of stepping by
     hand is ``compile``: True, or a dict of ``torch.compile``'s keyword arguments, runs each step (the
     whole batch with its n tangents) as one compiled graph; the loop over time stays in Python, so
     compile time does not grow with T, and every later step and call reuses the graph (so do
@@ -320,16 +322,32 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
     # copies: a compiled step guards on which inputs alias each other, and later steps' states alias nothing
     state0 = {name: getattr(d0, name).clone() for name in STATE_FIELDS if getattr(d0, name).is_floating_point()}
 
+    # The constraint solver's tangent is the implicit adjoint's, which needs only the solution. Under jvp the
+    # solver's iterations are a Python loop (workarounds.bounded_loop: 2.13's while_loop fails there) that
+    # Dynamo unrolls to the full count, opt.iterations x opt.ls_iterations line-search steps in one graph. So
+    # each step first solves without tangents (a while_loop stopping once converged), then steps under jvp
+    # with that solution as the warm start and no iterations: the warm start is kept where its cost is at
+    # most qacc_smooth's (the solver descends from the better of the two, so up to roundoff it is), the same
+    # qacc with the same tangent. Not RK4, whose stages solve at other states.
+    solve_first = m.constraint_plan.nefc > 0 and m.opt.integrator != IntegratorType.RK4
+    tangent_spec = spec
+    if solve_first:
+        from_solution = m.opt.replace(iterations=0, disableflags=m.opt.disableflags & ~DisableBit.WARMSTART)
+        tangent_spec = pytree.tree_structure(m.replace(opt=from_solution))
+
     def advance(model_leaves: list[Tensor], model_tangents: list[Tensor], state: dict[str, Tensor],
                 state_tangents: dict[str, Tensor], ctrl_t: Tensor):
         """One step of the batch [size] and its tangents [n, size, ...]: (state, state tangents, measured
         signals [size, k], their tangents [n, size, k])."""
+        if solve_first:
+            solved = step(pytree.tree_unflatten(model_leaves, spec), d0.replace(**state, ctrl=ctrl_t))
+            state = {**state, "qacc_warmstart": solved.qacc}
 
         def transition(changed: list[Tensor], state: dict[str, Tensor]):
             model = list(model_leaves)
             for i, leaf in zip(varying, changed):
                 model[i] = leaf
-            out = step(pytree.tree_unflatten(model, spec), d0.replace(**state, ctrl=ctrl_t))
+            out = step(pytree.tree_unflatten(model, tangent_spec), d0.replace(**state, ctrl=ctrl_t))
             return {name: getattr(out, name) for name in state}, {s: getattr(out, s) for s in measured}
 
         def along(model_tangent: list[Tensor], state_tangent: dict[str, Tensor]):
