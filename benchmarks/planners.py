@@ -67,9 +67,10 @@ from optim_examples import tasks  # noqa: E402
 PLANNERS = ("ilqr_exact", "ilqr_fd", "shooting", "predictive_sampling", "mppi", "cem")
 SAMPLING = {"predictive_sampling": optim.predictive_sampling, "mppi": optim.mppi, "cem": optim.cem}
 MPC_PLANNERS = ("predictive_sampling", "mppi", "cem", "ilqr_fd")
-# An iLQR plan rolls the horizon out in diffmj eager at least twice (the nominal, the line search's
-# trials), ~20 ms a step here: 1.3-3 s per MPC step on the cart-pole (4-10 min per 4 s run), 5-8 s on the
-# hopper. By default the gradient-based planners run in MPC on the cart-pole only, with their own seed count.
+# An iLQR plan rolls the horizon out in diffmj twice (the nominal, then the line search's trials as one batch):
+# eager ~20 ms a step here, seconds per MPC step; with --ilqr-compile (after minutes of compile per model)
+# about 1 s on the cart-pole. By default the gradient-based planners run in MPC on the cart-pole only, with
+# their own seed count (--gradient-mpc-tasks cartpole hopper with --ilqr-compile adds the hopper).
 GRADIENT_MPC_TASKS = ("cartpole",)
 KNOTS = 10  # cubic spline knots over the horizon, MJPC's default
 ELITE_FRACTION, MIN_NOISE = 0.1, 0.01  # CEM
