@@ -11,7 +11,8 @@ runs twice in the process: the first call's extra time over the second is the co
 second call is the one timed. Every mode's plan is compared with the eager sequential one (their line searches
 accept the same alphas, so the plans agree to roundoff).
 
-Writes ``benchmarks/results/ilqr_speed.json`` and prints a markdown table.
+Writes ``benchmarks/results/ilqr_speed.json`` (after every run) and prints a markdown table
+(``--table PATH``: the table of an existing result).
 """
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ def run(task: str, mode: str, iterations: int) -> tuple[dict, torch.Tensor]:
     return record, result.ctrl
 
 
+def markdown(result: dict) -> str:
+    """The table of a result."""
+    lines = ["| task | mode | horizon | s per iteration | compile s | plan difference from eager sequential |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in result["runs"]:
+        compile_s = "-" if r["compile_s"] is None else f"{r['compile_s']:.0f}"
+        lines.append(f"| {r['task']} | {r['mode']} | {r['horizon']} | {r['mean_iteration_s']:.2f} | {compile_s} "
+                     f"| {r['plan_difference_from_first_mode']:.1e} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["cartpole", "hopper"], choices=list(setups()))
@@ -75,11 +87,15 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "ilqr_speed.json")
+    parser.add_argument("--table", type=Path, help="print the table of an existing result and exit")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(args.table.read_text())))
+        return
     torch.set_num_threads(args.threads)
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": machine_info() | {"load_average_start": os.getloadavg()},
-              "settings": vars(args) | {"out": str(args.out)}, "runs": []}
+              "settings": vars(args) | {"out": str(args.out), "table": None}, "runs": []}
     for task in args.tasks:
         reference = None
         for mode in args.modes:
@@ -91,13 +107,7 @@ def main() -> None:
             args.out.write_text(json.dumps(result, indent=1))
             print(f"{task} {mode}: {record['mean_iteration_s']:.2f} s per iteration, compile {record['compile_s']}, "
                   f"plan difference {record['plan_difference_from_first_mode']:.1e}", flush=True)
-    print("| task | mode | horizon | s per iteration (mean of iterations 2..n) | compile s | plan difference |")
-    print("|---|---|---:|---:|---:|---:|")
-    for r in result["runs"]:
-        compile_s = "-" if r["compile_s"] is None else f"{r['compile_s']:.0f}"
-        print(f"| {r['task']} | {r['mode']} | {r['horizon']} | {r['mean_iteration_s']:.2f} | {compile_s} "
-              f"| {r['plan_difference_from_first_mode']:.1e} |")
-
+    print(markdown(result))
 
 if __name__ == "__main__":
     main()
