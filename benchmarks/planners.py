@@ -4,6 +4,10 @@
     python benchmarks/planners.py                  # the full run (about an hour on 2 loaded cores)
     python benchmarks/planners.py --table benchmarks/results/planners.json
 
+``--ilqr-compile`` runs iLQR compiled (``optim.ilqr(compile=True)``): each run first makes one warm-up call
+from its start (``warmup_time``: one iteration, plus the compile in the process's first call for a model),
+then the timed one.
+
 Tasks (``optim_examples/tasks.py``, one place for their models and costs): MJPC's cart-pole and acrobot
 swing-ups with MJPC's costs, and the hopper standing up from a crouch (contact). Planners (``diffmj.optim``):
 
@@ -63,9 +67,10 @@ from optim_examples import tasks  # noqa: E402
 PLANNERS = ("ilqr_exact", "ilqr_fd", "shooting", "predictive_sampling", "mppi", "cem")
 SAMPLING = {"predictive_sampling": optim.predictive_sampling, "mppi": optim.mppi, "cem": optim.cem}
 MPC_PLANNERS = ("predictive_sampling", "mppi", "cem", "ilqr_fd")
-# An iLQR plan rolls the horizon out in diffmj eager at least twice (the nominal, the line search's
-# trials), ~20 ms a step here: 1.3-3 s per MPC step on the cart-pole (4-10 min per 4 s run), 5-8 s on the
-# hopper. By default the gradient-based planners run in MPC on the cart-pole only, with their own seed count.
+# An iLQR plan rolls the horizon out in diffmj twice (the nominal, then the line search's trials as one batch):
+# eager ~20 ms a step here, seconds per MPC step; with --ilqr-compile (after minutes of compile per model)
+# about 1 s on the cart-pole. By default the gradient-based planners run in MPC on the cart-pole only, with
+# their own seed count (--gradient-mpc-tasks cartpole hopper with --ilqr-compile adds the hopper).
 GRADIENT_MPC_TASKS = ("cartpole",)
 KNOTS = 10  # cubic spline knots over the horizon, MJPC's default
 ELITE_FRACTION, MIN_NOISE = 0.1, 0.01  # CEM
@@ -151,10 +156,11 @@ def sampling_options(name: str, setup: Setup, budget: Budget) -> dict:
     return options
 
 
-def planner_settings(name: str, setup: Setup, budget: Budget, backend: str) -> dict:
+def planner_settings(name: str, setup: Setup, budget: Budget, backend: str, ilqr_compile: bool = False) -> dict:
     """The settings a planner runs with, as recorded in the JSON."""
     if name.startswith("ilqr"):
-        return {"controls": "per step", "jacobians": "exact" if name == "ilqr_exact" else "mjd_transitionFD"}
+        return {"controls": "per step", "jacobians": "exact" if name == "ilqr_exact" else "mjd_transitionFD",
+                "line_search": "parallel", "compiled": ilqr_compile}
     if name == "shooting":
         return {"controls": "per step", "optimizer": f"L-BFGS(max_iter={LBFGS_STEPS}, strong_wolfe)"}
     return {"controls": f"{KNOTS} knots", "rollouts": backend} | sampling_options(name, setup, budget)
@@ -169,17 +175,34 @@ def sampling_planner(name: str, loaded: Loaded, setup: Setup, budget: Budget, ba
     return lambda d, knots: SAMPLING[name](loaded.m, d, knots, setup.task.cost, **options)
 
 
+def ilqr_planner(name: str, loaded: Loaded, setup: Setup, compile: bool,
+                 **options: Any) -> Callable[[diffmj.Data, torch.Tensor], optim.ILQRResult]:
+    """``(d, ctrl) -> plan`` by iLQR (exact or mjd_transitionFD Jacobians by name) with the given options; compiled,
+    after a warm-up call from the same start that compiles its graphs (``warmup_time``: the process's first call
+    for a model pays the compile; later ones reuse the graphs)."""
+    fd_model = loaded.mj_model if name == "ilqr_fd" else None
+    return lambda d, ctrl, **more: optim.ilqr(loaded.m, d, ctrl, setup.task.cost, fd_model=fd_model,
+                                              compile=compile, **(options | more))
+
+
+def warm_up(planner: Callable, d: diffmj.Data, ctrl: torch.Tensor) -> float:
+    """Seconds of one iLQR iteration from (d, ctrl) that compiles the graphs a compiled planner runs."""
+    return planner(d, ctrl, max_iterations=1).wall_time
+
+
 def lbfgs(params: list[torch.Tensor]) -> torch.optim.Optimizer:
     return torch.optim.LBFGS(params, max_iter=LBFGS_STEPS, line_search_fn="strong_wolfe")
 
 
-def open_loop(name: str, setup: Setup, budget: Budget, backend: str, horizon: int | None = None) -> dict:
+def open_loop(name: str, setup: Setup, budget: Budget, backend: str, horizon: int | None = None,
+              ilqr_compile: bool = False) -> dict:
     """One open-loop trajectory optimisation: the record of (wall time, cost) per iteration, the final
     cost, and MuJoCo C's replay of the plan scored by the task. horizon: steps (default: the setup's)."""
     loaded = load(setup)
     m, d = loaded.m, loaded.d
     horizon = horizon or steps(setup.duration, setup.timestep)
     trace: list[tuple[float, float]] = []
+    warmup_time = None
     if name in SAMPLING:
         knots = torch.full((KNOTS, m.nu), setup.push, dtype=m.dtype)
         planner = sampling_planner(name, loaded, setup, budget, backend, horizon, budget.sampling_iterations,
@@ -195,18 +218,20 @@ def open_loop(name: str, setup: Setup, budget: Budget, backend: str, horizon: in
                                            iterations=budget.shooting_iterations,
                                            callback=lambda info: trace.append((info.wall_time, info.cost.item())))
         else:
-            plan = optim.ilqr(m, d, ctrl, setup.task.cost, max_iterations=budget.ilqr_iterations,
-                              fd_model=loaded.mj_model if name == "ilqr_fd" else None,
-                              callback=lambda info: trace.append((info.wall_time, info.cost)))
+            planner = ilqr_planner(name, loaded, setup, ilqr_compile, max_iterations=budget.ilqr_iterations)
+            warmup_time = warm_up(planner, d, ctrl) if ilqr_compile else None
+            plan = planner(d, ctrl, callback=lambda info: trace.append((info.wall_time, info.cost)))
         trace.insert(0, (0.0, plan.cost_history[0].item()))  # the initial plan's cost, as the sampling planners'
         iterations = int(plan.iterations)
     replayed = optim.rollout_mujoco(loaded.mj_model, m, d, plan.ctrl)
     final_qpos = replayed.qpos[-1].numpy()
     error = setup.task.error(final_qpos)
     return {
-        "task": setup.task.name, "planner": name, "settings": planner_settings(name, setup, budget, backend),
+        "task": setup.task.name, "planner": name,
+        "settings": planner_settings(name, setup, budget, backend, ilqr_compile),
         "horizon": horizon, "timestep": setup.timestep, "iterations": iterations,
-        "wall_time": plan.wall_time, "trace": trace, "initial_cost": trace[0][1], "final_cost": plan.cost.item(),
+        "wall_time": plan.wall_time, "warmup_time": warmup_time, "trace": trace, "initial_cost": trace[0][1],
+        "final_cost": plan.cost.item(),
         "mujoco_final_error": error, "success": bool(error < setup.task.tolerance),
         "mujoco_final_state": setup.task.describe(final_qpos, replayed.qvel[-1].numpy()),
         # the plan's states in diffmj against MuJoCo C's replay of its controls
@@ -215,7 +240,7 @@ def open_loop(name: str, setup: Setup, budget: Budget, backend: str, horizon: in
 
 
 def closed_loop(name: str, setup: Setup, budget: Budget, backend: str, seed: int,
-                mpc_steps: int | None = None, horizon: int | None = None) -> dict:
+                mpc_steps: int | None = None, horizon: int | None = None, ilqr_compile: bool = False) -> dict:
     """One MPC run with MuJoCo C as the plant from the seed's perturbed start; success by the task's
     error over the last ``hold`` seconds. mpc_steps, horizon: override the setup's (steps)."""
     loaded = load(setup)
@@ -224,16 +249,16 @@ def closed_loop(name: str, setup: Setup, budget: Budget, backend: str, seed: int
     d = loaded.d.replace(qvel=torch.as_tensor(setup.perturbation * rng.standard_normal(m.nv), dtype=m.dtype))
     horizon = horizon or steps(setup.mpc_horizon, setup.timestep)
     mpc_steps = mpc_steps or steps(setup.mpc_duration * budget.mpc_duration_scale, setup.timestep)
+    warmup_time = None
     if name in SAMPLING:
         planner = sampling_planner(name, loaded, setup, budget, backend, horizon, 1,
                                    torch.Generator().manual_seed(seed))
         nominal = torch.full((KNOTS, m.nu), setup.push, dtype=m.dtype)
         warm_start = lambda plan: optim.shift_knots(plan.knots, horizon, "cubic")  # noqa: E731
     elif name.startswith("ilqr"):
-        fd_model = loaded.mj_model if name == "ilqr_fd" else None
-        planner = lambda d, ctrl: optim.ilqr(m, d, ctrl, setup.task.cost, max_iterations=1,  # noqa: E731
-                                             fd_model=fd_model)
+        planner = ilqr_planner(name, loaded, setup, ilqr_compile, max_iterations=1)
         nominal, warm_start = torch.full((horizon, m.nu), setup.push, dtype=m.dtype), optim.shift_ctrl
+        warmup_time = warm_up(planner, d, nominal) if ilqr_compile else None
     else:
         planner = lambda d, ctrl: optim.gradient_shooting(m, d, ctrl, setup.task.cost,  # noqa: E731
                                                           optimizer=lbfgs, iterations=1)
@@ -243,8 +268,8 @@ def closed_loop(name: str, setup: Setup, budget: Budget, backend: str, seed: int
     held = errors[-steps(min(setup.hold, mpc_steps * setup.timestep), setup.timestep):]
     up = errors < setup.task.tolerance
     return {
-        "task": setup.task.name, "planner": name, "seed": seed, "settings": planner_settings(name, setup, budget,
-                                                                                           backend),
+        "task": setup.task.name, "planner": name, "seed": seed,
+        "settings": planner_settings(name, setup, budget, backend, ilqr_compile), "warmup_time": warmup_time,
         "horizon": horizon, "steps": mpc_steps, "timestep": setup.timestep,
         "success": bool((held < setup.task.tolerance).all()), "final_error": float(errors[-1]),
         "hold_max_error": float(held.max()),
@@ -260,11 +285,12 @@ def fmt(x: float | None, digits: int = 3) -> str:
 def markdown(result: dict) -> str:
     """The open-loop and closed-loop tables of a result."""
     lines = ["Open loop: same start, same initial plan, same horizon; the plan replayed in MuJoCo C", "",
-             "| task | planner | horizon | iterations | wall s | initial cost | final cost | MuJoCo C final error "
-             "| within tolerance |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| task | planner | horizon | iterations | wall s | warm-up s | initial cost | final cost "
+             "| MuJoCo C final error | within tolerance |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["open_loop"]:
         lines.append(f"| {r['task']} | {r['planner']} | {r['horizon']} | {r['iterations']} | {r['wall_time']:.1f} "
-                     f"| {r['initial_cost']:.1f} | {r['final_cost']:.1f} | {r['mujoco_final_error']:.3f} "
+                     f"| {fmt(r.get('warmup_time'))} | {r['initial_cost']:.1f} | {r['final_cost']:.1f} "
+                     f"| {r['mujoco_final_error']:.3f} "
                      f"| {'yes' if r['success'] else 'no'} |")
     lines += ["", "Closed loop: MPC, MuJoCo C as the plant, one planner iteration per step", "",
               "| task | planner | horizon | steps | successes | median final error | median ms per plan "
@@ -297,6 +323,8 @@ def main() -> None:
         kind = float if field == "mpc_duration_scale" else int
         parser.add_argument(f"--{field.replace('_', '-')}", type=kind,
                             help=f"overrides the budget's (full {getattr(FULL, field)}, quick {getattr(QUICK, field)})")
+    parser.add_argument("--ilqr-compile", action="store_true",
+                        help="iLQR's steps and Jacobians compiled (after a warm-up call per run: warmup_time)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the examples' 1: small problems)")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "planners.json")
     parser.add_argument("--table", type=Path, help="print the tables of an existing result and exit")
@@ -325,7 +353,7 @@ def main() -> None:
     start = time.perf_counter()
     for name, setup in chosen.items():
         for planner in args.planners:
-            r = open_loop(planner, setup, budget, args.sampling_backend)
+            r = open_loop(planner, setup, budget, args.sampling_backend, ilqr_compile=args.ilqr_compile)
             save(r, "open_loop", f"[{time.perf_counter() - start:6.0f}s] open loop {name} {planner}: "
                  f"{r['iterations']} iterations, {r['wall_time']:.1f}s, cost {r['initial_cost']:.1f} -> "
                  f"{r['final_cost']:.1f}; MuJoCo C: {r['mujoco_final_state']}")
@@ -335,7 +363,8 @@ def main() -> None:
             if gradient and name not in args.gradient_mpc_tasks:
                 continue
             for seed in range(budget.gradient_seeds if gradient else budget.seeds):
-                r = closed_loop(planner, setup, budget, args.sampling_backend, seed)
+                r = closed_loop(planner, setup, budget, args.sampling_backend, seed,
+                                ilqr_compile=args.ilqr_compile)
                 save(r, "closed_loop", f"[{time.perf_counter() - start:6.0f}s] MPC {name} {planner} seed {seed}: "
                      f"{'up' if r['success'] else 'NOT up'}, final error {r['final_error']:.3f}, "
                      f"{1000 * r['plan_time_mean']:.0f} ms per plan")

@@ -5,7 +5,7 @@ from diffmj.forward import forward, step
 from diffmj.io import get_data, get_data_into, load, make_data, put_data, put_model
 from diffmj.params import get_param, set_param
 from diffmj.precompile import precompiled
-from diffmj.rollout import rollout, rollout_policy
+from diffmj.rollout import rollout, rollout_feedback, rollout_policy
 from diffmj.setconst import set_const
 from diffmj.state import differentiate_pos, get_state, integrate_pos, set_state, state_size
 from diffmj import grad
@@ -77,6 +77,7 @@ __all__ = [
     "put_data",
     "put_model",
     "rollout",
+    "rollout_feedback",
     "rollout_policy",
     "set_const",
     "set_param",

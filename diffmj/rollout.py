@@ -14,7 +14,7 @@ from torch import Tensor
 from diffmj.forward import check_data, resolve_backward_mode, run_step
 from diffmj.grad.checkpoint import HELD_INPUTS, Advance, Observe, checkpointed_rollout, run_steps
 from diffmj.io import make_data
-from diffmj.state import get_state
+from diffmj.state import differentiate_pos, get_state
 from diffmj.types import STATE_FIELDS, BackwardMode, Data, Model, State
 from diffmj.workarounds import canonical_layout, elementwise, transform_active
 
@@ -35,6 +35,19 @@ class Control(NamedTuple):
 
 # params = (ctrl [..., T, nu],): step t applies row t
 OPEN_LOOP = Control(at=lambda params, t: (params[0][..., t, :],), law=lambda row, m, d: row[0])
+
+
+def _feedback_law(row: tuple[Tensor, ...], m: Model, d: Data) -> Tensor:
+    """clamp(ctrl_t + K_t dx_t, lower, upper), dx_t the tangent deviation of d's state from the reference."""
+    ctrl, gains, qpos, qvel, act, lower, upper = row
+    dx = torch.cat((differentiate_pos(m, qpos, d.qpos), d.qvel - qvel, d.act - act))
+    return torch.clamp(ctrl + gains @ dx, lower, upper)
+
+
+# params = (ctrl [..., T, nu], gains [..., T, nu, ns], reference qpos, qvel, act [..., T, *], lower, upper [..., nu])
+FEEDBACK = Control(at=lambda params, t: (params[0][..., t, :], params[1][..., t, :, :],
+                                         *(x[..., t, :] for x in params[2:5]), *params[5:]),
+                   law=_feedback_law)
 
 
 def rollout(
@@ -129,6 +142,60 @@ def rollout_policy(
 
     control = Control(at=lambda params, t: params, law=law)
     return _rollout(m, d, control, tuple(leaves), 0, steps, checkpoint, backward_mode, observe, compile)
+
+
+def rollout_feedback(
+    m: Model,
+    d: Data,
+    ctrl: Tensor,
+    gains: Tensor,
+    reference: Data,
+    *,
+    ctrl_range: tuple[Tensor, Tensor] | None = None,
+    checkpoint: int | str | None = "auto",
+    backward_mode: BackwardMode | None = None,
+    observe: ObserveArg = None,
+    compile: CompileArg = False,
+) -> Any:
+    """Step d under the time-varying linear feedback law u_t = ctrl_t + K_t dx_t (iLQR's forward pass,
+    TVLQR tracking); returns what ``rollout`` returns, each step's Data holding the u_t it applied in ctrl.
+
+    ctrl [..., T, nu]: the feedforward controls; gains [..., T, nu, 2 nv + na]: K_t; reference: a Data
+    of batch [..., T] (its qpos, qvel, act are read), the state planned before each step. dx_t is the
+    tangent deviation (``differentiate_pos(m, reference.qpos, qpos)``, qvel - reference.qvel, act -
+    reference.act) of the state before step t, the convention of ``mjd_transitionFD``. Leading batch
+    dimensions of d, ctrl, gains and reference broadcast (e.g. a batch of step sizes: ctrl [A, T, nu],
+    gains and reference shared) and are stepped as one batch. ctrl_range: (lower, upper), each [nu]
+    (-inf / inf where unbounded): u_t is clamped to them; None: no clamp.
+    checkpoint, backward_mode, observe, compile: as for ``rollout`` (compiled, the law is part of each
+    step's graph).
+    """
+    check_data(m, d)
+    ns = 2 * m.nv + m.na
+    if ctrl.dim() < 2 or ctrl.shape[-1] != m.nu:
+        raise ValueError(f"ctrl must be [..., T, nu={m.nu}], got shape {tuple(ctrl.shape)}")
+    horizon = ctrl.shape[-2]
+    if gains.dim() < 3 or gains.shape[-3:] != (horizon, m.nu, ns):
+        raise ValueError(f"gains must be [..., T={horizon}, nu={m.nu}, 2nv+na={ns}], got {tuple(gains.shape)}")
+    if not isinstance(reference, Data) or not reference.batch_dims or reference.batch_size[-1] != horizon:
+        raise ValueError(f"reference must be a Data of batch [..., T={horizon}]")
+    if ctrl_range is None:
+        inf = torch.full((m.nu,), torch.inf, dtype=m.dtype, device=m.device)
+        ctrl_range = (-inf, inf)
+    if len(ctrl_range) != 2 or any(bound.shape != (m.nu,) for bound in ctrl_range):
+        raise ValueError(f"ctrl_range must be (lower, upper), each [nu={m.nu}]")
+    tensors = (ctrl, gains, reference.qpos, *ctrl_range)
+    if any(x.dtype != m.dtype for x in tensors):
+        raise ValueError(f"ctrl, gains, reference and ctrl_range must be {m.dtype}, "
+                         f"got {[x.dtype for x in tensors]}")
+    batch = torch.broadcast_shapes(d.batch_size, ctrl.shape[:-2], gains.shape[:-3], reference.batch_size[:-1])
+    # every param with the batch's leading dimensions (expanded views: no copies)
+    per_step = [(x, 1) for x in (ctrl, reference.qpos, reference.qvel, reference.act)] + [(gains, 2)]
+    ctrl, qpos, qvel, act, gains = (x.expand(*batch, horizon, *x.shape[x.dim() - trailing:])
+                                    for x, trailing in per_step)
+    lower, upper = (bound.expand(*batch, m.nu) for bound in ctrl_range)
+    return _rollout(m, d, FEEDBACK, (ctrl, gains, qpos, qvel, act, lower, upper), len(batch), horizon, checkpoint,
+                    backward_mode, observe, compile)
 
 
 def _rollout(m: Model, d: Data, control: Control, params: tuple[Tensor, ...], batched_params: int, horizon: int,

@@ -323,3 +323,38 @@ def test_ilqr_regularisation_follows_mjpc_schedule():
     assert any(after.alpha < 1 for _, after in long_steps)  # the case the bug was in is exercised
     for before, after in long_steps:
         assert after.regularization <= before.regularization
+
+
+def test_parallel_and_sequential_line_searches_give_the_same_plan():
+    """The parallel line search rolls every alpha out as one batch and accepts the first in order that passes
+    the test, as the sequential one does: the same alphas, the same plan and history (to the batched step's
+    roundoff), on the acrobot's swing-up where steps shorter than 1 are accepted."""
+    task = tasks.acrobot()
+    _, m, d = tasks.load(task, torch.float64, 0.1)
+    start = torch.full((30, m.nu), 0.1, dtype=m.dtype)
+    runs = {}
+    for line_search in ("sequential", "parallel"):
+        steps: list[optim.IterationInfo] = []
+        result = optim.ilqr(m, d, start, task.cost, max_iterations=8, line_search=line_search, callback=steps.append)
+        runs[line_search] = result, [info.alpha for info in steps]
+    (sequential, alphas), (parallel, parallel_alphas) = runs["sequential"], runs["parallel"]
+    assert parallel_alphas == alphas and 0 < min(alphas) < 1  # steps after rejected trials are exercised
+    torch.testing.assert_close(parallel.ctrl, sequential.ctrl, rtol=0, atol=1e-12)
+    torch.testing.assert_close(parallel.gains, sequential.gains, rtol=0, atol=1e-12)
+    torch.testing.assert_close(parallel.cost_history, sequential.cost_history, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="line_search"):
+        optim.ilqr(m, d, start, task.cost, line_search="backtracking")
+
+
+@pytest.mark.slow
+def test_compiled_ilqr_equals_eager():
+    """compile=True: the forward passes' steps (all alphas as one batch) and each step's Jacobians run as compiled
+    graphs, the loops over time in Python; the plan equals eager's (inductor may reorder sums: roundoff)."""
+    mjm, m, d, cost, tip, target = _reach()
+    start = torch.zeros(20, m.nu, dtype=m.dtype)
+    eager = optim.ilqr(m, d, start, cost, max_iterations=4)
+    compiled = optim.ilqr(m, d, start, cost, max_iterations=4, compile=True)
+    assert compiled.iterations == eager.iterations == 4
+    torch.testing.assert_close(compiled.ctrl, eager.ctrl, rtol=0, atol=1e-10)
+    torch.testing.assert_close(compiled.gains, eager.gains, rtol=0, atol=1e-10)
+    torch.testing.assert_close(compiled.cost_history, eager.cost_history, rtol=1e-10, atol=0)

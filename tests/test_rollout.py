@@ -245,3 +245,37 @@ def test_bad_controls_raise_value_error():
         diffmj.rollout(m, d, torch.zeros(m.nu, dtype=m.dtype))
     with pytest.raises(ValueError, match="positive number of steps"):
         diffmj.rollout(m, d, torch.zeros(5, m.nu, dtype=m.dtype), checkpoint=0)
+
+
+def test_feedback_rollout_equals_stepping_and_a_batch_each_element():
+    """rollout_feedback: u_t = clamp(ctrl_t + K_t dx_t), dx_t the tangent deviation (differentiate_pos on the ant's
+    free joint's quaternion) of the state before step t from the reference's; values equal a hand-written loop,
+    the applied controls are clamped, and a batch of feedforward controls (shared gains and reference, as
+    iLQR's line search steps them) equals each element alone."""
+    m, d = _setup("ant")
+    horizon = 6
+    gen = torch.Generator().manual_seed(2)
+    reference = torch.cat((d[None], diffmj.rollout(m, d, _controls(m, horizon, seed=1))[:-1]))
+    ctrl = torch.stack([_controls(m, horizon, seed=2), _controls(m, horizon, seed=3)])
+    gains = 2.0 * torch.randn(horizon, m.nu, 2 * m.nv + m.na, generator=gen, dtype=m.dtype)
+    lower, upper = -0.3 * torch.ones(m.nu, dtype=m.dtype), 0.3 * torch.ones(m.nu, dtype=m.dtype)
+    traj = diffmj.rollout_feedback(m, d, ctrl[0], gains, reference, ctrl_range=(lower, upper))
+    state = d
+    for t in range(horizon):
+        dx = torch.cat((diffmj.differentiate_pos(m, reference.qpos[t], state.qpos), state.qvel - reference.qvel[t],
+                        state.act - reference.act[t]))
+        u = torch.minimum(torch.maximum(ctrl[0, t] + gains[t] @ dx, lower), upper)
+        state = diffmj.step(m, state.replace(ctrl=u))
+        assert_close(f"qpos[{t}]", traj.qpos[t], state.qpos, 0.0)
+        assert_close(f"ctrl[{t}]", traj.ctrl[t], u, 0.0)
+    assert (traj.ctrl.abs() == 0.3).any()  # the clamp is exercised
+    batched = diffmj.rollout_feedback(m, d, ctrl, gains, reference, ctrl_range=(lower, upper))
+    assert batched.batch_size == torch.Size([2, horizon])
+    for i in range(2):
+        alone = diffmj.rollout_feedback(m, d, ctrl[i], gains, reference, ctrl_range=(lower, upper))
+        for name in ("qpos", "qvel", "ctrl"):
+            assert_close(f"batch element {i} {name}", getattr(batched, name)[i], getattr(alone, name), TOL["batch"])
+    with pytest.raises(ValueError, match="gains must be"):
+        diffmj.rollout_feedback(m, d, ctrl, gains[1:], reference)
+    with pytest.raises(ValueError, match="reference must be"):
+        diffmj.rollout_feedback(m, d, ctrl, gains, reference[1:])

@@ -7,9 +7,10 @@ One iteration (Tassa, Erez and Todorov 2012; as in MJPC's and trajax's iLQR):
    and the cost by ``cost_derivatives`` (Gauss-Newton);
 2. backward pass: a Riccati recursion for the feedback gains K_t and the steps k_t, with
    Levenberg-Marquardt regularisation (Quu + mu I) raised until every Quu is positive definite;
-3. forward pass: backtracking over alphas, u_t = clip(u_t + alpha k_t + K_t dx_t) with dx_t the
-   tangent deviation from the nominal state (``differentiate_pos`` for positions); the first
-   alpha whose actual decrease is at least a small fraction of the predicted one is accepted.
+3. forward pass: a line search over alphas, u_t = clip(u_t + alpha k_t + K_t dx_t) with dx_t the
+   tangent deviation from the nominal state (``differentiate_pos`` for positions; ``diffmj.rollout_feedback``);
+   the first alpha whose actual decrease is at least a small fraction of the predicted one is accepted. Its
+   trials are rolled out all at once as one batch (MJPC's parallel line search) or one after another.
 
 The state is the tangent vector of ``mjd_transitionFD``: dx = (dq, dqvel, dact), ns = 2 nv + na.
 
@@ -23,14 +24,16 @@ column is zero beyond the range), so the plan's value function is that of the cl
 from __future__ import annotations
 
 import time
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import mujoco
 import numpy as np
 import torch
 from torch import Tensor
 
-from diffmj import BackwardMode, Data, Model, differentiate_pos, get_data_into, grad, step
+from diffmj import BackwardMode, Data, Model, get_data_into, grad, make_data, rollout, rollout_feedback
+from diffmj.rollout import CompileArg, compile_options
+from diffmj.types import INPUT_FIELDS, STATE_FIELDS
 from diffmj.optim.cost import Cost, CostDerivatives, cost_derivatives, trajectory_cost
 from diffmj.optim.batch import over_initial_states
 from diffmj.optim.validate import check_start, ctrl_bounds
@@ -119,27 +122,59 @@ def backward_pass(A: Tensor, B: Tensor, derivatives, regularization: float,
     return BackwardPass(k, K, (linear.item(), quadratic.item()), True)
 
 
-def _tangent(m: Model, nominal: Data, d: Data) -> Tensor:
-    """The tangent deviation (dq, dqvel, dact) [..., ns] of d from nominal."""
-    return torch.cat((differentiate_pos(m, nominal.qpos, d.qpos), d.qvel - nominal.qvel, d.act - nominal.act), -1)
-
-
 @torch.no_grad()
 def _forward_pass(m: Model, cost: Cost, d0: Data, ctrl: Tensor, nominal: Data | None, K: Tensor | None,
-                  lower: Tensor, upper: Tensor, mode: BackwardMode | None) -> tuple[Data, Tensor, Tensor]:
-    """Roll out u_t = clip(ctrl_t + K_t dx_t) from d0: the states [T+1], the controls applied [T, nu]
-    and the total cost."""
-    states, applied, d = [d0], [], d0
-    for t in range(ctrl.shape[0]):
-        u = ctrl[t]
-        if K is not None:
-            u = u + K[t] @ _tangent(m, nominal[t], d)
-        u = torch.minimum(torch.maximum(u, lower), upper)
-        d = step(m, d.replace(ctrl=u), backward_mode=mode)
-        states.append(d)
-        applied.append(u)
-    states, applied = torch.stack(states), torch.stack(applied)
-    return states, applied, trajectory_cost(m, cost, states, applied).sum()
+                  lower: Tensor, upper: Tensor, mode: BackwardMode | None,
+                  compile: CompileArg) -> tuple[Data, Tensor, Tensor]:
+    """Roll out u_t = clip(ctrl_t + K_t dx_t) from d0, dx_t the deviation from the nominal states [T+1] (open loop
+    where K is None), for ctrl [..., T, nu] (a batch of trials: one explicit batch): the states [..., T+1], the
+    controls applied [..., T, nu] and the total costs [...]."""
+    if K is None:
+        traj = rollout(m, d0, torch.clamp(ctrl, lower, upper), checkpoint=None, backward_mode=mode, compile=compile)
+    else:
+        traj = rollout_feedback(m, d0, ctrl, K, nominal[:-1], ctrl_range=(lower, upper), checkpoint=None,
+                                backward_mode=mode, compile=compile)
+    batch = traj.batch_size[:-1]
+    states = torch.cat((d0.expand(*batch, 1), traj), -1)
+    return states, traj.ctrl, trajectory_cost(m, cost, states, traj.ctrl).sum(-1)
+
+
+def _trials(m: Model, cost: Cost, d0: Data, plan: Tensor, step: BackwardPass, nominal: Data, alphas: Sequence[float],
+            lower: Tensor, upper: Tensor, mode: BackwardMode | None, compile: CompileArg,
+            line_search: str) -> Iterator[tuple[float, tuple[Data, Tensor, Tensor]]]:
+    """The line search's forward passes from plan along step, (alpha, (states, controls, cost)) in the order of
+    alphas: each rolled out when asked for (sequential), or all at once as one batch (parallel)."""
+    if line_search == "sequential":
+        for alpha in alphas:
+            yield alpha, _forward_pass(m, cost, d0, plan + alpha * step.k, nominal, step.K, lower, upper, mode,
+                                       compile)
+        return
+    sizes = torch.tensor(alphas, dtype=plan.dtype, device=plan.device)
+    states, applied, costs = _forward_pass(m, cost, d0, plan + sizes[:, None, None] * step.k, nominal, step.K,
+                                           lower, upper, mode, compile)
+    for i, alpha in enumerate(alphas):
+        yield alpha, (states[i], applied[i], costs[i])
+
+
+def _jacobian_function(m: Model, mode: BackwardMode | None,
+                       compile: CompileArg) -> Callable[[Data], tuple[Tensor, Tensor]]:
+    """states: Data [T] (each step's start, with its control) -> A [T, ns, ns], B [T, ns, nu] by diffmj's exact
+    transition Jacobians: eager, one call vmapped over the steps; compiled, one graph of one step's Jacobians
+    called step by step (compile time independent of T)."""
+    options = compile_options(compile)
+    if options is None:
+        return lambda states: grad.transition_jacobians(m, states, backward_mode=mode)[:2]
+    one_step = torch.compile(lambda m, d: grad.transition_jacobians(m, d, backward_mode=mode)[:2], **options)
+    template = make_data(m)
+
+    def jacobians(states: Data) -> tuple[Tensor, Tensor]:
+        # only what a step reads, each its own contiguous tensor on a constant template: one graph for all steps
+        fields = (*STATE_FIELDS, *INPUT_FIELDS)
+        A, B = zip(*(one_step(m, template.replace(**{name: getattr(states, name)[t].contiguous() for name in fields}))
+                     for t in range(states.batch_size[0])))
+        return torch.stack(A), torch.stack(B)
+
+    return jacobians
 
 
 def _jacobians_fd(mjm: mujoco.MjModel, states: Data, ctrl: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -173,6 +208,8 @@ def ilqr(
     fd_eps: float = 1e-6,
     backward_mode: BackwardMode | None = None,
     callback: Callable[[IterationInfo], None] | None = None,
+    line_search: str = "parallel",
+    compile: CompileArg = False,
 ) -> ILQRResult:
     """Minimise ``cost`` over the controls from the state d by iLQR, starting from ctrl [T, nu].
 
@@ -190,6 +227,13 @@ def ilqr(
     times the predicted one. fd_model: linearise with MuJoCo C's ``mjd_transitionFD`` (centred,
     ``fd_eps``) on this MjModel (the one m was made from) instead of diffmj's exact Jacobians.
     backward_mode: how ``transition_jacobians`` differentiates the constraint solver.
+    line_search: "parallel" rolls out the trials of every alpha at once (one explicit batch, as MJPC's iLQG
+    does), "sequential" one after another until one is accepted; both accept the first alpha in order that
+    passes the test, so they give the same plan (to roundoff: a batched step's matmuls may round differently).
+    compile: run each forward pass's step (feedback law, clamp and step; all alphas at once in parallel) and
+    each step's exact Jacobians as compiled graphs (True, or a dict of ``torch.compile``'s keyword arguments,
+    as ``diffmj.rollout``'s); the loops over time stay in Python, so compile time does not grow with T, and
+    later calls with the same model and shapes reuse the graphs. ``wall_time`` includes the first call's compile.
     """
     start = time.perf_counter()
     check_start(m, d, ctrl, "ctrl")
@@ -197,18 +241,21 @@ def ilqr(
         raise ValueError("need max_iterations >= 0, some alphas, regularization >= 0 and regularization_factor > 1")
     if fd_model is not None and (fd_model.nv, fd_model.nq, fd_model.na, fd_model.nu) != (m.nv, m.nq, m.na, m.nu):
         raise ValueError("fd_model's sizes (nv, nq, na, nu) differ from the model's")
+    if line_search not in ("parallel", "sequential"):
+        raise ValueError(f"line_search must be 'parallel' or 'sequential', got {line_search!r}")
+    jacobians = _jacobian_function(m, backward_mode, compile)
 
     lower, upper = ctrl_bounds(m)
 
     d = d.detach()
-    states, plan, total = _forward_pass(m, cost, d, ctrl.detach(), None, None, lower, upper, backward_mode)
+    states, plan, total = _forward_pass(m, cost, d, ctrl.detach(), None, None, lower, upper, backward_mode, compile)
     history = [total.item()]
     mu, delta = regularization, 1.0
     converged, stalled, derivatives, iterations = False, False, None, 0
     while True:
         if derivatives is None:  # the nominal changed: linearise again
             if fd_model is None:
-                A, B, _, _ = grad.transition_jacobians(m, states[:-1].replace(ctrl=plan), backward_mode=backward_mode)
+                A, B = jacobians(states[:-1].replace(ctrl=plan))
             else:
                 A, B = _jacobians_fd(fd_model, states, plan, fd_eps)
             derivatives = cost_derivatives(m, cost, states, plan)
@@ -228,9 +275,8 @@ def ilqr(
             break
         iterations += 1
         accepted = 0.0
-        for alpha in alphas:
-            trial_states, trial_plan, trial = _forward_pass(m, cost, d, plan + alpha * result.k, states, result.K,
-                                                            lower, upper, backward_mode)
+        for alpha, (trial_states, trial_plan, trial) in _trials(m, cost, d, plan, result, states, alphas, lower, upper,
+                                                                backward_mode, compile, line_search):
             expected = -(alpha * result.expected[0] + alpha**2 * result.expected[1])
             if torch.isfinite(trial) and history[-1] - trial.item() >= min_decrease * expected:
                 states, plan, total, accepted = trial_states, trial_plan, trial, alpha
