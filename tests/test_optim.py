@@ -348,8 +348,8 @@ def test_parallel_and_sequential_line_searches_give_the_same_plan():
 
 @pytest.mark.slow
 def test_compiled_ilqr_equals_eager():
-    """compile=True: the forward passes' steps (all alphas as one batch) and each step's Jacobians run as compiled
-    graphs, the loops over time in Python; the plan equals eager's (inductor may reorder sums: roundoff)."""
+    """compile=True: the forward passes' steps (all alphas as one batch) run as compiled graphs, the loop over
+    time in Python; the plan equals eager's (inductor may reorder sums: roundoff)."""
     mjm, m, d, cost, tip, target = _reach()
     start = torch.zeros(20, m.nu, dtype=m.dtype)
     eager = optim.ilqr(m, d, start, cost, max_iterations=4)
