@@ -246,12 +246,16 @@ def qfrc_smooth_vel(m: Model, d: Data) -> Tensor:
 
 
 def bias_vel(m: Model, d: Data) -> Tensor:
-    """d qfrc_bias / d qvel by forward-mode autodiff (exact; bias is quadratic in qvel). [nv, nv]"""
+    """d qfrc_bias / d qvel [nv, nv], column j = (bias(qvel + e_j) - bias(qvel - e_j)) / 2: exact, as bias is
+    quadratic in qvel (no forward-mode AD: torch 2.13's Dynamo fails on it under vmap)."""
 
     def bias(qvel: Tensor) -> Tensor:
         return rne(m, com_vel(m, d.replace(qvel=qvel)))
 
-    return torch.func.jacfwd(bias)(d.qvel)
+    def column(e: Tensor) -> Tensor:
+        return (bias(d.qvel + e) - bias(d.qvel - e)) / 2
+
+    return torch.vmap(column, out_dims=1)(torch.eye(m.nv, dtype=d.qvel.dtype, device=d.qvel.device))
 
 
 def _implicit(m: Model, d: Data) -> Data:

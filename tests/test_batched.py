@@ -141,3 +141,23 @@ def test_compiled_step_without_warm_start_equals_eager(batched):
     torch._dynamo.reset()
     out = torch.compile(diffmj.step, fullgraph=True, backend="aot_eager")(m, d)
     assert_fields_close(out, diffmj.step(m, d), 1e-10)
+
+
+FREE_BOX_IMPLICITFAST = """<mujoco><option integrator="implicitfast"/><worldbody><geom type="plane" size="5 5 .1"/>
+<body pos="0 0 .2"><freejoint/><geom type="box" size=".1 .1 .1"/></body></worldbody></mujoco>"""
+
+
+@pytest.mark.parametrize("batching", ["explicit", pytest.param("vmap", marks=pytest.mark.slow)])  # one compile by default
+def test_compiled_batch_of_free_body_with_implicitfast_equals_eager(batching):
+    """implicitfast solves a free body's 6x6 block with the bias derivative (bias_vel), which compiles under a
+    batch: torch 2.13's Dynamo failed on forward-mode AD there (an internal assert in _fw_primal)."""
+    mjm = mujoco.MjModel.from_xml_string(FREE_BOX_IMPLICITFAST)
+    m = diffmj.put_model(mjm)
+    mjd = mujoco.MjData(mjm)
+    mjd.qvel[:] = [1.0, 0.5, 0.0, 0.3, -0.2, 0.1]
+    d = diffmj.put_data(m, mjd)
+    batch = torch.stack([d, d.replace(qvel=-d.qvel)])
+    fn = diffmj.step if batching == "explicit" else torch.vmap(diffmj.step, in_dims=(None, 0))
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(m, batch)
+    assert_fields_close(out, torch.stack([diffmj.step(m, batch[i]) for i in range(2)]), 1e-12)
