@@ -324,7 +324,7 @@ def main() -> None:
         parser.add_argument(f"--{field.replace('_', '-')}", type=kind,
                             help=f"overrides the budget's (full {getattr(FULL, field)}, quick {getattr(QUICK, field)})")
     parser.add_argument("--ilqr-compile", action="store_true",
-                        help="iLQR's steps and Jacobians compiled (after a warm-up call per run: warmup_time)")
+                        help="iLQR's forward steps compiled (after a warm-up call per run: warmup_time)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the examples' 1: small problems)")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "planners.json")
     parser.add_argument("--table", type=Path, help="print the tables of an existing result and exit")
