@@ -10,6 +10,7 @@ import torch
 import diffmj
 from tests.conftest import (
     ACTUATOR_MODELS,
+    ARM_ON_BOX,
     BENCHMARK_MODELS,
     TOL,
     assert_close,
@@ -324,7 +325,8 @@ def test_transition_jacobians_match_own_differences():
     A, B, _, _ = diffmj.grad.transition_jacobians(m, d)
     from diffmj.grad.transition import _transition
 
-    f, x0 = _transition(m, d, None)
+    f = _transition(m, d, diffmj.step(m, d).qpos, diffmj.BackwardMode.IMPLICIT)  # the step, solved in full
+    x0 = torch.zeros(2 * m.nv + m.na, dtype=m.dtype)
     eps = 1e-6
     Afd = _central_jacobian(lambda x: f(torch.as_tensor(x), d.ctrl)[0].numpy(), x0.numpy(), eps)
     Bfd = _central_jacobian(lambda u: f(x0, torch.as_tensor(u))[0].numpy(), d.ctrl.numpy(), eps)
@@ -341,6 +343,45 @@ def test_transition_jacobians_batched():
         for ours, single in zip(batched, diffmj.grad.transition_jacobians(m, d)):
             # C and D (sensor rows) are empty: the hopper has no sensors
             assert_close("batched jacobian", ours[i], single, TOL["batch"], empty_ok=True)
+
+
+@pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
+def test_transition_jacobians_from_the_solution_equal_the_full_solve(cone):
+    """transition_jacobians differentiates a step that starts from the solution, with no solver iterations
+    (diffmj.grad.solution); its Jacobians equal those of the step solved in full under jacrev."""
+    from diffmj.grad.solution import reuses_solution
+    from diffmj.grad.transition import _transition
+
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=100))
+    mjm.opt.cone = getattr(mujoco.mjtCone, f"mjCONE_{cone.upper()}")
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, settled_state(mjm, 40))
+    assert reuses_solution(m, m.backward_mode) and int(diffmj.forward(m, d).efc_active.sum()) >= 4
+    A, B, _, _ = diffmj.grad.transition_jacobians(m, d)
+    full = _transition(m, d, diffmj.step(m, d).qpos, diffmj.BackwardMode.IMPLICIT)
+    x0 = torch.zeros(2 * m.nv + m.na, dtype=m.dtype)
+    A_full, B_full = torch.func.jacrev(lambda x, u: full(x, u)[0], argnums=(0, 1))(x0, d.ctrl)
+    assert_close("A", A, A_full, TOL["batch"])
+    assert_close("B", B, B_full, TOL["batch"])
+
+
+@pytest.mark.slow
+def test_compiled_transition_jacobians_do_not_unroll_the_solver(arm_on_box):
+    """Compiled, transition_jacobians traces no solver iteration under jacrev: the graph is the same at 3
+    and at 30 iterations, and its Jacobians equal eager's."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    m, d = arm_on_box
+    sizes = []
+    for iterations in (3, 30):
+        mi = m.replace(opt=m.opt.replace(iterations=iterations))
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(diffmj.grad.transition_jacobians, backend=counter, fullgraph=True)(mi, d)
+        for name, ours, eager in zip("ABCD", compiled, diffmj.grad.transition_jacobians(mi, d)):
+            assert_close(name, ours, eager, TOL["batch"], empty_ok=True)
+        sizes.append((counter.frame_count, counter.op_count))
+    assert sizes[0] == sizes[1], f"graph (frames, ops) at 3 and 30 iterations: {sizes}"
 
 
 PARAMETERS = {  # (field, index) of one element each; all change this model's motion

@@ -17,16 +17,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from diffmj.forward import step
+from diffmj.forward import resolve_backward_mode, step
+from diffmj.grad.solution import from_solution, reuses_solution
 from diffmj.state import differentiate_pos, integrate_pos
 from diffmj.types import BackwardMode, Data, Model
 
 
-def _transition(m: Model, d: Data, mode: BackwardMode | None):
-    """The step as a function of (state perturbation, ctrl) -> (next-state tangent, sensordata)."""
-    nv, na = m.nv, m.na
+def _transition(m: Model, d: Data, nominal: Tensor, mode: BackwardMode):
+    """The step from unbatched d as a function (state perturbation [2nv+na], ctrl [nu]) -> (next-state
+    tangent from the position ``nominal`` [nq], sensordata)."""
+    nv = m.nv
     one = torch.ones((), dtype=m.dtype, device=m.device)
-    nominal = step(m, d, backward_mode=mode).qpos.detach()
 
     def f(dx: Tensor, ctrl: Tensor):
         dq, dv, da = dx[:nv], dx[nv : 2 * nv], dx[2 * nv :]
@@ -35,21 +36,34 @@ def _transition(m: Model, d: Data, mode: BackwardMode | None):
         x_next = torch.cat((differentiate_pos(m, nominal, out.qpos), out.qvel, out.act))
         return x_next, out.sensordata
 
-    return f, torch.zeros(2 * nv + na, dtype=m.dtype, device=m.device)
+    return f
+
+
+def _jacobians(m: Model, d: Data, solved: Data, mode: BackwardMode) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(A, B, C, D) of the step from unbatched d, whose result is ``solved``."""
+    nominal = solved.qpos.detach()
+    if reuses_solution(m, mode):  # differentiate from the solution: no solver iterations under jacrev
+        m, d = from_solution(m), d.replace(qacc_warmstart=solved.qacc.detach())
+    x0 = torch.zeros(2 * m.nv + m.na, dtype=m.dtype, device=m.device)
+    (A, B), (C, D) = torch.func.jacrev(_transition(m, d, nominal, mode), argnums=(0, 1))(x0, d.ctrl)
+    return A, B, C, D
 
 
 def transition_jacobians(
     m: Model, d: Data, *, backward_mode: BackwardMode | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(A, B, C, D) of one step from d: [2nv+na, 2nv+na], [2nv+na, nu], [nsensordata, 2nv+na],
-    [nsensordata, nu]. A batched Data gives batched Jacobians (torch.vmap).
+    [nsensordata, nu]. A batched Data gives batched Jacobians [*batch, ...]: the batch is stepped
+    as one explicit batch, then differentiated per element (torch.vmap).
 
     backward_mode: how the step's constraint solver is differentiated; None uses the model's.
+    With the implicit adjoint (not RK4), the differentiated step starts from the solution of the
+    step taken first and runs no solver iterations (``diffmj.grad.solution``).
     """
-    if d.batch_dims:
-        flat = d.reshape(-1)
-        jacobians = torch.vmap(lambda d: transition_jacobians(m, d, backward_mode=backward_mode))(flat)
-        return tuple(x.reshape(*d.batch_size, *x.shape[1:]) for x in jacobians)
-    f, x0 = _transition(m, d, backward_mode)
-    (A, B), (C, D) = torch.func.jacrev(f, argnums=(0, 1))(x0, d.ctrl)
-    return A, B, C, D
+    mode = resolve_backward_mode(m, backward_mode)
+    if not d.batch_dims:
+        return _jacobians(m, d, step(m, d, backward_mode=mode), mode)
+    flat = d.reshape(-1)
+    solved = step(m, flat, backward_mode=mode)
+    jacobians = torch.vmap(lambda d, solved: _jacobians(m, d, solved, mode))(flat, solved)
+    return tuple(x.reshape(*d.batch_size, *x.shape[1:]) for x in jacobians)

@@ -35,8 +35,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj import (Data, DisableBit, IntegratorType, Model, differentiate_pos, get_param, rollout, set_param,
-                    step)
+from diffmj import Data, Model, differentiate_pos, get_param, rollout, set_param, step
+from diffmj.grad.solution import from_solution, reuses_solution
 from diffmj.rollout import CompileArg, compile_options
 from diffmj.types import STATE_FIELDS
 
@@ -322,18 +322,12 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
     # copies: a compiled step guards on which inputs alias each other, and later steps' states alias nothing
     state0 = {name: getattr(d0, name).clone() for name in STATE_FIELDS if getattr(d0, name).is_floating_point()}
 
-    # The constraint solver's tangent is the implicit adjoint's, which needs only the solution. Under jvp the
-    # solver's iterations are a Python loop (workarounds.bounded_loop: 2.13's while_loop fails there) that
-    # Dynamo unrolls to the full count, opt.iterations x opt.ls_iterations line-search steps in one graph. So
-    # each step first solves without tangents (a while_loop stopping once converged), then steps under jvp
-    # with that solution as the warm start and no iterations: the warm start is kept where its cost is at
-    # most qacc_smooth's (the solver descends from the better of the two, so up to roundoff it is), the same
-    # qacc with the same tangent. Not RK4, whose stages solve at other states.
-    solve_first = m.constraint_plan.nefc > 0 and m.opt.integrator != IntegratorType.RK4
-    tangent_spec = spec
-    if solve_first:
-        from_solution = m.opt.replace(iterations=0, disableflags=m.opt.disableflags & ~DisableBit.WARMSTART)
-        tangent_spec = pytree.tree_structure(m.replace(opt=from_solution))
+    # Differentiate each step from its solution (diffmj.grad.solution): under jvp the solver's iterations are
+    # a Python loop that Dynamo unrolls to the full count, opt.iterations x opt.ls_iterations line-search
+    # steps in one graph. So each step first solves without tangents (a while_loop stopping once
+    # converged), then steps under jvp from that solution with no iterations.
+    solve_first = reuses_solution(m, m.backward_mode)
+    tangent_spec = pytree.tree_structure(from_solution(m)) if solve_first else spec
 
     def advance(model_leaves: list[Tensor], model_tangents: list[Tensor], state: dict[str, Tensor],
                 state_tangents: dict[str, Tensor], ctrl_t: Tensor):
