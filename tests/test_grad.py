@@ -365,6 +365,18 @@ def test_transition_jacobians_from_the_solution_equal_the_full_solve(cone):
     assert_close("B", B, B_full, TOL["batch"])
 
 
+def test_from_solution_compiles_for_models_that_differ_in_their_flags():
+    """A compiled function that has seen two models differing in opt.disableflags traces the flags as a
+    symbolic int; from_solution still clears the warm-start bit (it failed in Dynamo building a DisableBit)."""
+    from diffmj.grad.solution import from_solution
+
+    m = diffmj.put_model(mj_model("pendulum"))
+    compiled = torch.compile(lambda m, x: (x * 2, from_solution(m).opt.disableflags), backend="eager", fullgraph=True)
+    for flags in (0, diffmj.DisableBit.WARMSTART, diffmj.DisableBit.GRAVITY | diffmj.DisableBit.WARMSTART):
+        _, out = compiled(m.replace(opt=m.opt.replace(disableflags=int(flags))), torch.ones(2))
+        assert out == int(flags) & ~int(diffmj.DisableBit.WARMSTART)
+
+
 @pytest.mark.slow
 def test_compiled_transition_jacobians_do_not_unroll_the_solver(arm_on_box):
     """Compiled, transition_jacobians traces no solver iteration under jacrev: the graph is the same at 3

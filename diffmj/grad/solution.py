@@ -27,4 +27,7 @@ def from_solution(m: Model) -> Model:
     """m set to take a step's constraint solution from ``d.qacc_warmstart``: the warm start on, no solver
     iterations. Step it from ``d.replace(qacc_warmstart=solved.qacc)``, where ``solved`` is the step of m
     from d, already taken (where ``reuses_solution``)."""
-    return m.replace(opt=m.opt.replace(iterations=0, disableflags=m.opt.disableflags & ~DisableBit.WARMSTART))
+    # plain ints: Dynamo cannot build a DisableBit from a symbolic int, which disableflags becomes once a compiled
+    # function has seen two models that differ in it
+    flags = int(m.opt.disableflags) & ~int(DisableBit.WARMSTART)
+    return m.replace(opt=m.opt.replace(iterations=0, disableflags=flags))
