@@ -25,6 +25,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,8 +42,9 @@ sys.path.insert(0, str(BENCH))
 import harness  # noqa: E402
 
 
-def _settled(mjm: mujoco.MjModel, steps: int = 100) -> mujoco.MjData:
-    """A state with contacts: ``steps`` steps from qpos0 with small random controls."""
+def _settled(mjm: mujoco.MjModel, steps: int = 400) -> mujoco.MjData:
+    """A state with contacts: ``steps`` steps from qpos0 with small random controls (400: hopper 2 contacts,
+    humanoid 5; after 100, the default before 2026-11-25, the hopper had none)."""
     rng = np.random.default_rng(0)
     mjd = mujoco.MjData(mjm)
     for _ in range(steps):
@@ -96,14 +98,23 @@ def bench_vjp(name: str, repeats: int) -> dict:
     }
 
 
-def bench_jacobians(name: str, batch: int, repeats: int) -> dict:
-    """Transition Jacobians per second: diffmj (autodiff, vmapped batch) vs mjd_transitionFD (2 threads)."""
+def bench_jacobians(name: str, batch: int, repeats: int, timeout: float) -> dict:
+    """Transition Jacobians per second of a batch of ``batch`` copies of a settled state: diffmj eager and
+    compiled (Inductor, ``torch.compile(transition_jacobians, fullgraph=True)``; first call apart),
+    mjd_transitionFD (centred, 2 threads) and MJX's jacfwd (anchors/mjx_jacobian_bench.py)."""
     mjm = mujoco.MjModel.from_xml_path(str(MODELS / f"{name}.xml"))
     mjd = _settled(mjm)
     m = diffmj.put_model(mjm)
     d = diffmj.put_data(m, mjd)
     datas = torch.stack([d] * batch)
+    eager = diffmj.grad.transition_jacobians(m, datas)
     t_diffmj = _median_time(lambda: diffmj.grad.transition_jacobians(m, datas), repeats)
+    compiled_fn = torch.compile(diffmj.grad.transition_jacobians, fullgraph=True)
+    start = time.perf_counter()
+    compiled = compiled_fn(m, datas)
+    compile_s = time.perf_counter() - start
+    t_compiled = _median_time(lambda: compiled_fn(m, datas), repeats)
+    compiled_diff = max(float(((c - e).abs() / (1 + e.abs())).max()) for c, e in zip(compiled, eager) if e.numel())
 
     nx = 2 * mjm.nv + mjm.na
     per_thread = [mujoco.MjData(mjm) for _ in range(2)]
@@ -126,11 +137,37 @@ def bench_jacobians(name: str, batch: int, repeats: int) -> dict:
     return {
         "model": name,
         "batch": batch,
+        "solver": {"iterations": mjm.opt.iterations, "ls_iterations": mjm.opt.ls_iterations},
         "diffmj_jacobians_per_s": batch / t_diffmj,
+        "diffmj_compiled_jacobians_per_s": batch / t_compiled,
+        "diffmj_compiled_first_call_s": compile_s,
+        "diffmj_compiled_max_rel_diff_vs_eager": compiled_diff,
         "mujoco_fd_jacobians_per_s": batch / t_fd,
         "mujoco_fd_threads": 2,
+        "mjx": _mjx_jacobians(mjm, mjd, name, batch, repeats, timeout),
         "note": "mjd_transitionFD (centered) releases the GIL, so 2 Python threads run in parallel",
     }
+
+
+def _mjx_jacobians(mjm: mujoco.MjModel, mjd: mujoco.MjData, name: str, batch: int, repeats: int,
+                   timeout: float) -> dict:
+    """MJX's jacfwd Jacobians of the same state, in the MJX venv (anchors/mjx_jacobian_bench.py)."""
+    env = harness.ANCHOR_ENVS["mjx"]
+    if not env.python.exists():
+        return {"error": "MJX venv missing: python benchmarks/setup_anchors.py mjx"}
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "state.npz"
+        np.savez(state, qpos=mjd.qpos, qvel=mjd.qvel, act=mjd.act, ctrl=mjd.ctrl, qacc_warmstart=mjd.qacc_warmstart)
+        cmd = [str(env.python), str(BENCH / "anchors" / "mjx_jacobian_bench.py"), "--model", str(MODELS / f"{name}.xml"),
+               "--state", str(state), "--batch", str(batch), "--repeats", str(repeats)]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timeout after {timeout} s"}
+    try:
+        return harness.parse_emitted(out.stdout)["records"][0]
+    except ValueError:
+        return {"error": (out.stderr or out.stdout)[-2000:]}
 
 
 def bench_rollout(name: str, horizons: list[int], time_horizons: list[int]) -> list[dict]:
@@ -261,26 +298,33 @@ def bench_compiled_rollout(name: str, horizons: list[int], repeats: int, backend
     return records
 
 
-def bench_humanoid_gradient(horizon: int) -> dict:
-    """Gradient of a T-step humanoid loss w.r.t. the controls: diffmj (eager, checkpointed)."""
+def bench_humanoid_gradient(horizon: int, backend: str) -> dict:
+    """Gradient of a T-step humanoid loss w.r.t. the controls: diffmj eager and compiled (``rollout(...,
+    compile=)``: one graph per step, its backward another), checkpointed; the compiled side's first call
+    (compile included) and second call are timed apart, and its gradient compared with eager's."""
     mjm = mujoco.MjModel.from_xml_path(str(MODELS / "humanoid.xml"))
     m = diffmj.put_model(mjm)
     d = diffmj.make_data(m)
-    ctrl = torch.zeros(horizon, m.nu, dtype=m.dtype, requires_grad=True)
-    start = time.perf_counter()
-    traj = diffmj.rollout(m, d, ctrl)
-    loss = traj.qpos[-1, 2] + (traj.qvel**2).sum() * 1e-3
-    forward_s = time.perf_counter() - start
-    loss.backward()
-    total_s = time.perf_counter() - start
-    return {
-        "model": "humanoid",
-        "T": horizon,
-        "diffmj_forward_s": forward_s,
-        "diffmj_total_s": total_s,
-        "grad_finite": bool(torch.isfinite(ctrl.grad).all()),
-        "solver": {"iterations": mjm.opt.iterations, "ls_iterations": mjm.opt.ls_iterations},
-    }
+
+    def gradient(compile) -> tuple[torch.Tensor, float, float]:
+        ctrl = torch.zeros(horizon, m.nu, dtype=m.dtype, requires_grad=True)
+        start = time.perf_counter()
+        traj = diffmj.rollout(m, d, ctrl, observe=("qpos", "qvel"), compile=compile)
+        loss = traj["qpos"][-1, 2] + (traj["qvel"] ** 2).sum() * 1e-3
+        forward_s = time.perf_counter() - start
+        loss.backward()
+        return ctrl.grad, forward_s, time.perf_counter() - start
+
+    eager, forward_s, total_s = gradient(False)
+    record = {"model": "humanoid", "T": horizon, "diffmj_forward_s": forward_s, "diffmj_total_s": total_s,
+              "grad_finite": bool(torch.isfinite(eager).all()),
+              "solver": {"iterations": mjm.opt.iterations, "ls_iterations": mjm.opt.ls_iterations}}
+    _, _, first_s = gradient({"backend": backend})
+    compiled, forward_s, total_s = gradient({"backend": backend})
+    record["compiled"] = {"backend": backend, "first_call_s": first_s, "forward_s": forward_s, "total_s": total_s,
+                          "grad_finite": bool(torch.isfinite(compiled).all()),
+                          "max_rel_diff_vs_eager": float(((compiled - eager).abs() / (1 + eager.abs())).max())}
+    return record
 
 
 def bench_mjx_gradient(horizon: int, timeout: float) -> dict:
@@ -310,10 +354,16 @@ def markdown(results: dict) -> str:
                   f"| {r['backward_ms']:.1f} | {r['backward_over_forward']:.2f} |" for r in results["vjp"]]
         lines.append("")
     if "jacobians" in results:
-        lines += ["| model | batch | diffmj `transition_jacobians` /s | `mjd_transitionFD` (2 threads) /s |",
-                  "|---|---|---|---|"]
-        lines += [f"| {r['model']} | {r['batch']} | {r['diffmj_jacobians_per_s']:.0f} | {r['mujoco_fd_jacobians_per_s']:.0f} |"
-                  for r in results["jacobians"]]
+        lines += ["| model | batch | diffmj eager /s | diffmj compiled /s (first call s) | `mjd_transitionFD` "
+                  "(2 threads) /s | MJX `jacfwd` /s (first call s) |", "|---|---|---|---|---|---|"]
+        for r in results["jacobians"]:
+            compiled = (f"{r['diffmj_compiled_jacobians_per_s']:.0f} ({r['diffmj_compiled_first_call_s']:.0f})"
+                        if "diffmj_compiled_jacobians_per_s" in r else "-")
+            mjx = r.get("mjx", {"error": "not run"})
+            mjx = (f"{mjx['jacobians_per_s']:.0f} ({mjx['first_call_s']:.0f})" if "jacobians_per_s" in mjx
+                   else mjx["error"].splitlines()[-1][:60])
+            lines.append(f"| {r['model']} | {r['batch']} | {r['diffmj_jacobians_per_s']:.0f} | {compiled} "
+                         f"| {r['mujoco_fd_jacobians_per_s']:.0f} | {mjx} |")
         lines.append("")
     if "rollout" in results:
         lines += ["| T | checkpointed saved MB | full tape saved MB | checkpointed backward s | full tape backward s | ratio |",
@@ -348,6 +398,11 @@ def markdown(results: dict) -> str:
         ours, mjx = results["humanoid_gradient"]["diffmj"], results["humanoid_gradient"]["mjx"]
         lines += ["| side | first call s (incl. compile) | gradient s | finite |", "|---|---|---|---|",
                   f"| diffmj eager, checkpointed | - | {ours['diffmj_total_s']:.1f} | {ours['grad_finite']} |"]
+        if "compiled" in ours:
+            c = ours["compiled"]
+            lines.append(f"| diffmj `rollout(compile=)`, checkpointed ({c['backend']}; max rel. diff. vs eager "
+                         f"{c['max_rel_diff_vs_eager']:.0e}) | {c['first_call_s']:.1f} | {c['total_s']:.2f} | "
+                         f"{c['grad_finite']} |")
         if "records" in mjx:
             r = mjx["records"][0]
             lines.append(f"| MJX `jax.jit(jax.grad)` | {r['first_call_s']:.1f} | {r['timed_call_s']:.2f} | {r['grad_finite']} |")
@@ -365,6 +420,7 @@ def main() -> None:
     parser.add_argument("--horizons", type=int, nargs="+", default=[100, 400, 1600])
     parser.add_argument("--time-horizons", type=int, nargs="+", default=[100, 400])
     parser.add_argument("--grad-horizon", type=int, default=1000)
+    parser.add_argument("--jacobian-models", nargs="+", default=["humanoid", "hopper"])
     parser.add_argument("--memory-horizon", type=int, default=100, help="T of the memory part's gradients")
     parser.add_argument("--compiled-model", default="hopper")
     parser.add_argument("--compiled-horizons", type=int, nargs="+", default=[100, 1000])
@@ -387,7 +443,7 @@ def main() -> None:
         results["vjp"] = [bench_vjp(n, args.repeats) for n in ("humanoid", "hopper")]
         print(json.dumps(results["vjp"], indent=1), flush=True)
     if "jacobians" in args.parts:
-        results["jacobians"] = [bench_jacobians(n, 32, args.repeats) for n in ("humanoid", "hopper")]
+        results["jacobians"] = [bench_jacobians(n, 32, args.repeats, args.timeout) for n in args.jacobian_models]
         print(json.dumps(results["jacobians"], indent=1), flush=True)
     if "rollout" in args.parts:
         results["rollout"] = bench_rollout("humanoid", args.horizons, args.time_horizons)
@@ -396,7 +452,7 @@ def main() -> None:
                                                              args.repeats, args.compiled_backend)
     if "humanoid" in args.parts:
         results["humanoid_gradient"] = {
-            "diffmj": bench_humanoid_gradient(args.grad_horizon),
+            "diffmj": bench_humanoid_gradient(args.grad_horizon, args.compiled_backend),
             "mjx": bench_mjx_gradient(args.grad_horizon, args.timeout),
         }
         print(json.dumps(results["humanoid_gradient"], indent=1), flush=True)
