@@ -174,8 +174,7 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
     """
     compiling = torch.compiler.is_compiling()
     if unroll or not compiling or not _only_vmap_active() or iterations == 0:
-        # no loop at all for 0 iterations (diffmj.grad.solution's steps): inductor 2.13's code for a while_loop whose
-        # body never runs read an unassigned buffer (UnboundLocalError) in a compiled jacrev of the hopper's step
+        # 0 iterations (the steps diffmj.grad.solution differentiates): no while_loop, its copies and condition traced
         for _ in range(iterations):
             if early_exit and all_true(carry[0]):  # done elements are frozen: stopping changes nothing
                 break
