@@ -334,7 +334,9 @@ _ROW_BUILDERS = {
 
 def _all_rows(m: Model, d: Data) -> Rows:
     """Every row of the plan's layout, in MuJoCo's order."""
-    blocks = [_ROW_BUILDERS[name](m, d) for name, _, _ in ROW_BLOCKS]
+    plan = m.constraint_plan
+    # a block without elements is not traced: its empty tensors would still be ops to compile
+    blocks = [_ROW_BUILDERS[name](m, d) for name, _, _ in ROW_BLOCKS if getattr(plan, name).shape[0]]
     blocks += [_contact_rows(m, d, group) for group in m.constraint_plan.contacts]
     return Rows(*(torch.cat(parts) for parts in zip(*blocks)))
 
@@ -422,6 +424,8 @@ def _equality_jdotv(m: Model, d: Data) -> Tensor:
     plan = m.constraint_plan
     parts = []
     for eq, weld in ((plan.connect_eq, False), (plan.weld_eq, True)):
+        if not eq.shape[0]:
+            continue
         pos1, pos2, b1, b2 = _anchors(m, d, eq, weld)
         jp1, jr1 = jac_dot(m, d, pos1, b1)
         jp2, jr2 = jac_dot(m, d, pos2, b2)
@@ -447,7 +451,7 @@ def _equality_jdotv(m: Model, d: Data) -> Tensor:
         )
         rot = 0.5 * term[:, 1:] * torquescale[:, None]
         parts.append(torch.cat((trans, rot), -1).flatten())
-    jdotv = torch.cat(parts)
+    jdotv = torch.cat(parts) if parts else d.qvel.new_zeros(0)
     return torch.cat((jdotv, jdotv.new_zeros(plan.nefc - jdotv.shape[0])))
 
 

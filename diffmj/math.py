@@ -18,6 +18,7 @@ value matches MuJoCo and whose gradient is finite: the unused branch of every
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -62,35 +63,52 @@ def _products(a: Tensor, b: Tensor) -> Tensor:
     return (a[..., :, None] * b[..., None, :]).flatten(-2)
 
 
-def _signed_sums(products: Tensor, terms: tuple[tuple[int, ...], ...], pairwise: bool = False) -> Tensor:
-    """out[..., r] = sum of +-products[..., |t| - 1] over t in terms[r]. [..., len(terms)]
+class _Sums(NamedTuple):
+    """A table of signed sums of products, as constant tuples (made once, at import).
 
-    A term t > 0 adds products[t - 1], t < 0 subtracts products[-t - 1]; summed left to right,
-    or for four terms ``pairwise`` as (t0 + t1) + (t2 + t3), as MuJoCo 4's C code sums them
-    (a - b is exactly a + (-b)), so the values are the C expression's to the bit, in a handful
-    of tensor ops: a graph that torch.compile traces and compiles far faster than one op per
-    product.
+    torch.compile traces every Python operation of a function it compiles: building these tuples
+    at each call would cost as much tracing as the tensor ops themselves.
     """
-    index = torch.tensor([[abs(t) - 1 for t in row] for row in terms], device=products.device)
-    sign = torch.tensor([[1.0 if t > 0 else -1.0 for t in row] for row in terms], dtype=products.dtype,
-                        device=products.device)
+
+    index: tuple[tuple[int, ...], ...]  # index into the products of each term of each output
+    sign: tuple[tuple[float, ...], ...]  # +1.0 or -1.0 of each term
+    pairwise: bool
+
+
+def _sums(terms: tuple[tuple[int, ...], ...], pairwise: bool = False) -> _Sums:
+    """Table of out[r] = sum over t in terms[r] of products[t - 1] (t > 0) or -products[-t - 1] (t < 0)."""
+    index = tuple(tuple(abs(t) - 1 for t in row) for row in terms)
+    sign = tuple(tuple(1.0 if t > 0 else -1.0 for t in row) for row in terms)
+    return _Sums(index, sign, pairwise)
+
+
+def _signed_sums(products: Tensor, sums: _Sums) -> Tensor:
+    """out[..., r] = signed sum of the products that ``sums`` names for r. [..., rows of sums]
+
+    Summed left to right, or for four terms ``pairwise`` as (t0 + t1) + (t2 + t3), as MuJoCo 4's
+    C code sums them (a - b is exactly a + (-b)), so the values are the C expression's to the bit,
+    in a handful of tensor ops: a graph that torch.compile traces and compiles far faster than
+    one op per product.
+    """
+    index = torch.tensor(sums.index, device=products.device)
+    sign = torch.tensor(sums.sign, dtype=products.dtype, device=products.device)
     signed = products[..., index] * sign
-    if pairwise:
+    if sums.pairwise:
         return (signed[..., 0] + signed[..., 1]) + (signed[..., 2] + signed[..., 3])
     out = signed[..., 0]
-    for k in range(1, len(terms[0])):
+    for k in range(1, len(sums.index[0])):
         out = out + signed[..., k]
     return out
 
 
 # Hamilton product, (a0*b0 - a1*b1) + (-a2*b2 - a3*b3), ... (mju_mulQuat's sums): 1 + index of a_i * b_j
 # in _products(a, b)
-_QUAT_MUL = ((1, -6, -11, -16), (2, 5, 12, -15), (3, -8, 9, 14), (4, 7, -10, 13))
+_QUAT_MUL = _sums(((1, -6, -11, -16), (2, 5, 12, -15), (3, -8, 9, 14), (4, 7, -10, 13)), pairwise=True)
 
 
 def quat_mul(a: Tensor, b: Tensor) -> Tensor:
     """Hamilton product a * b. [..., 4]"""
-    return _signed_sums(_products(a, b), _QUAT_MUL, pairwise=True)
+    return _signed_sums(_products(a, b), _QUAT_MUL)
 
 
 def quat_conj(q: Tensor) -> Tensor:
@@ -99,8 +117,8 @@ def quat_conj(q: Tensor) -> Tensor:
 
 
 # mju_rotVecQuat: t = q0 * v + q_xyz x v, then v + 2 q_xyz x t, each sum in MuJoCo's order
-_ROT_T = ((1, 9, -11), (2, 10, -6), (3, 5, -7))  # q0*v0 + q2*v2 - q3*v1, ... in _products(q, v)
-_ROT_OUT = ((9, -11), (10, -6), (5, -7))  # q2*t2 - q3*t1, q3*t0 - q1*t2, q1*t1 - q2*t0 in _products(q, t)
+_ROT_T = _sums(((1, 9, -11), (2, 10, -6), (3, 5, -7)))  # q0*v0 + q2*v2 - q3*v1, ... in _products(q, v)
+_ROT_OUT = _sums(((9, -11), (10, -6), (5, -7)))  # q2*t2 - q3*t1, q3*t0 - q1*t2, q1*t1 - q2*t0 in _products(q, t)
 
 
 def rot_vec_quat(v: Tensor, q: Tensor) -> Tensor:
@@ -110,15 +128,15 @@ def rot_vec_quat(v: Tensor, q: Tensor) -> Tensor:
 
 
 # mju_quat2Mat: diagonal (q00 - q22) + (q11 - q33), ...; off-diagonal 2 (q12 - q03), ... in _products(q, q)
-_MAT_DIAGONAL = ((1, -11, 6, -16), (1, 11, -6, -16), (1, -11, -6, 16))
-_MAT_OFF_DIAGONAL = ((7, -4), (8, 3), (7, 4), (12, -2), (8, -3), (12, 2))  # 01, 02, 10, 12, 20, 21
+_MAT_DIAGONAL = _sums(((1, -11, 6, -16), (1, 11, -6, -16), (1, -11, -6, 16)), pairwise=True)
+_MAT_OFF_DIAGONAL = _sums(((7, -4), (8, 3), (7, 4), (12, -2), (8, -3), (12, 2)))  # 01, 02, 10, 12, 20, 21
 _MAT_LAYOUT = (0, 3, 4, 5, 1, 6, 7, 8, 2)  # [diagonal, off-diagonal] -> row-major 3x3
 
 
 def quat_to_mat(q: Tensor) -> Tensor:
     """Rotation matrix [..., 3, 3] of unit quaternion q [..., 4] (mju_quat2Mat)."""
     products = _products(q, q)
-    entries = torch.cat((_signed_sums(products, _MAT_DIAGONAL, pairwise=True), 2 * _signed_sums(products, _MAT_OFF_DIAGONAL)), -1)
+    entries = torch.cat((_signed_sums(products, _MAT_DIAGONAL), 2 * _signed_sums(products, _MAT_OFF_DIAGONAL)), -1)
     return entries[..., list(_MAT_LAYOUT)].unflatten(-1, (3, 3))
 
 
@@ -178,7 +196,7 @@ def mat_t_vec(mat: Tensor, v: Tensor) -> Tensor:
     return dot(mat.transpose(-1, -2), v[..., None, :])
 
 
-_CROSS = ((6, -8), (7, -3), (2, -4))  # a1*b2 - a2*b1, a2*b0 - a0*b2, a0*b1 - a1*b0 in _products(a, b)
+_CROSS = _sums(((6, -8), (7, -3), (2, -4)))  # a1*b2 - a2*b1, a2*b0 - a0*b2, a0*b1 - a1*b0 in _products(a, b)
 
 
 def cross(a: Tensor, b: Tensor) -> Tensor:
@@ -226,8 +244,8 @@ def inert_com(inertia: Tensor, mat: Tensor, offset: Tensor, mass: Tensor) -> Ten
 
 
 # mju_mulInertVec: i0*v0 + i3*v1 + i4*v2 - i8*v4 + i7*v5, ... as 1 + index of i_a * v_b in _products(i, v)
-_INERT_ANGULAR = ((1, 20, 27, -53, 48), (19, 8, 33, 52, -42), (25, 32, 15, -46, 41))
-_INERT_LINEAR = ((50, -45, 58), (39, -49, 59), (43, -38, 60))  # i8*v1 - i7*v2 + i9*v3, ...
+_INERT_ANGULAR = _sums(((1, 20, 27, -53, 48), (19, 8, 33, 52, -42), (25, 32, 15, -46, 41)))
+_INERT_LINEAR = _sums(((50, -45, 58), (39, -49, 59), (43, -38, 60)))  # i8*v1 - i7*v2 + i9*v3, ...
 
 
 def inert_mul(i: Tensor, v: Tensor) -> Tensor:

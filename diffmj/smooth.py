@@ -15,64 +15,84 @@ from torch import Tensor
 
 from diffmj import math, workarounds
 from diffmj.plan import TendonSpans
-from diffmj.types import Data, DisableBit, JointType, Model, WrapType
+from diffmj.types import Data, DisableBit, Model, WrapType
 from diffmj.wrap import wrap
 
 
 def kinematics(m: Model, d: Data) -> Data:
-    """Global frames of bodies, joints, geoms and sites from qpos (mj_kinematics)."""
+    """Global frames of bodies, joints, geoms and sites from qpos (mj_kinematics).
+
+    A joint moves its body's frame by a motion that depends on its own qpos only: a rotation
+    ``qloc`` about the joint's anchor, or a slide along its axis. So each body's frame in its
+    parent's frame (body_pos / body_quat, then its joints in order) is composed for all bodies at
+    once, one joint slot at a time, and the tree levels then only apply the parents' frames.
+    MuJoCo composes the same products in another order; when body_quat is the identity and a
+    hinge's jnt_pos is zero (the usual case), the sums are the same.
+    """
+    tree = m.tree
     dtype, device = m.dtype, m.device
     qpos = d.qpos
-    xpos = [torch.zeros(1, 3, dtype=dtype, device=device)]
-    xquat = [torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=dtype, device=device)]
-    xmat = [torch.eye(3, dtype=dtype, device=device)[None]]
-    anchors, axes = [], []
-    for level in m.tree.levels:
-        body_pos = m.body_pos[level.body]
-        body_quat = m.body_quat[level.body]
-        if level.mocap_slot.shape[0]:
-            mocap_quat = math.quat_normalize(d.mocap_quat[level.mocap_id])
-            body_pos = body_pos.index_copy(0, level.mocap_slot, d.mocap_pos[level.mocap_id])
-            body_quat = body_quat.index_copy(0, level.mocap_slot, mocap_quat)
-        parent_mat = xmat[-1][level.parent_slot]
-        pos = xpos[-1][level.parent_slot] + (parent_mat @ body_pos[..., None])[..., 0]
-        quat = math.quat_mul(xquat[-1][level.parent_slot], body_quat)
-        for group in level.groups:
-            p, q = pos[group.slot], quat[group.slot]
-            jnt_pos, jnt_axis = m.jnt_pos[group.jnt], m.jnt_axis[group.jnt]
-            if group.jnt_type == JointType.FREE:
-                p = math.gather_blocks(qpos, group.qposadr, 3)
-                q = math.quat_normalize(math.gather_blocks(qpos, group.qposadr + 3, 4))
-                anchor, axis = p, jnt_axis
-            else:
-                axis = math.rot_vec_quat(jnt_axis, q)
-                anchor = math.rot_vec_quat(jnt_pos, q) + p
-                if group.jnt_type == JointType.SLIDE:
-                    p = p + axis * (qpos[group.qposadr] - m.qpos0[group.qposadr])[:, None]
-                else:
-                    if group.jnt_type == JointType.BALL:
-                        qloc = math.quat_normalize(math.gather_blocks(qpos, group.qposadr, 4))
-                    else:
-                        angle = qpos[group.qposadr] - m.qpos0[group.qposadr]
-                        qloc = math.axis_angle_to_quat(jnt_axis, angle)
-                    q = math.quat_mul(q, qloc)
-                    p = anchor - math.rot_vec_quat(jnt_pos, q)
-            pos = pos.index_copy(0, group.slot, p)
-            quat = quat.index_copy(0, group.slot, q)
-            anchors.append(anchor)
-            axes.append(axis)
-        quat = math.quat_normalize(quat)
-        xpos.append(pos)
-        xquat.append(quat)
-        xmat.append(math.quat_to_mat(quat))
+    identity = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=dtype, device=device)
 
-    order = m.tree.body_order
+    # every joint's motion in its body's frame, and a last row for "no joint": qloc [njnt + 1, 4]
+    # rotates about jnt_pos, so the frame's origin moves by jnt_pos - qloc(jnt_pos); a slide moves it
+    # along jnt_axis
+    qloc = identity.expand(m.njnt + 1, 4)
+    if tree.hinge_jnt.shape[0]:
+        angle = qpos[tree.hinge_qposadr] - m.qpos0[tree.hinge_qposadr]
+        qloc = qloc.index_copy(0, tree.hinge_jnt, math.axis_angle_to_quat(m.jnt_axis[tree.hinge_jnt], angle))
+    if tree.ball_jnt.shape[0]:
+        ball = math.quat_normalize(math.gather_blocks(qpos, tree.ball_qposadr, 4))
+        qloc = qloc.index_copy(0, tree.ball_jnt, ball)
+    jnt_pos = torch.cat((m.jnt_pos, m.jnt_pos.new_zeros(1, 3)))
+    shift = jnt_pos - math.rot_vec_quat(jnt_pos, qloc)  # zero for slides: qloc is the identity
+    if tree.slide_jnt.shape[0]:
+        amount = qpos[tree.slide_qposadr] - m.qpos0[tree.slide_qposadr]
+        shift = shift.index_copy(0, tree.slide_jnt, m.jnt_axis[tree.slide_jnt] * amount[:, None])
+
+    # each body's frame in its parent's, joint slot by joint slot; mocap and free bodies (children of
+    # the world) take their pose from mocap_pos / qpos
+    pos, quat = m.body_pos, m.body_quat
+    if tree.mocap_body.shape[0]:
+        pos = pos.index_copy(0, tree.mocap_body, d.mocap_pos[tree.mocap_id])
+        quat = quat.index_copy(0, tree.mocap_body, math.quat_normalize(d.mocap_quat[tree.mocap_id]))
+    if tree.free_jnt.shape[0]:
+        pos = pos.index_copy(0, tree.free_body, math.gather_blocks(qpos, tree.free_qposadr, 3))
+        free_quat = math.quat_normalize(math.gather_blocks(qpos, tree.free_qposadr + 3, 4))
+        quat = quat.index_copy(0, tree.free_body, free_quat)
+    before_pos, before_quat = [], []  # the frame each joint slot starts from [nbody, 3], [nbody, 4]
+    for jnt in tree.body_joint:
+        before_pos.append(pos)
+        before_quat.append(quat)
+        pos = pos + math.rot_vec_quat(shift[jnt], quat)
+        quat = math.quat_mul(quat, qloc[jnt])
+
+    # the tree, level by level
+    xpos = [torch.zeros(1, 3, dtype=dtype, device=device)]
+    xquat = [identity[None]]
+    xmat = [torch.eye(3, dtype=dtype, device=device)[None]]
+    for level in tree.levels:
+        parent_pos, parent_mat = xpos[-1][level.parent_slot], xmat[-1][level.parent_slot]
+        xpos.append(parent_pos + (parent_mat @ pos[level.body][..., None])[..., 0])
+        xquat.append(math.quat_normalize(math.quat_mul(xquat[-1][level.parent_slot], quat[level.body])))
+        xmat.append(math.quat_to_mat(xquat[-1]))
+    order = tree.body_order
     xpos_all = torch.cat(xpos)[order]
     xquat_all = torch.cat(xquat)[order]
     xmat_all = torch.cat(xmat)[order]
-    if anchors:
-        xanchor = torch.cat(anchors)[m.tree.jnt_order]
-        xaxis = torch.cat(axes)[m.tree.jnt_order]
+
+    # joint anchors and axes: from the frame before the joint, in the parent's frame, then global
+    if m.njnt:
+        frame_pos = torch.cat(before_pos)[tree.jnt_chain_slot]
+        frame_quat = torch.cat(before_quat)[tree.jnt_chain_slot]
+        local = math.rot_vec_quat(torch.stack((m.jnt_pos, m.jnt_axis), 1), frame_quat[:, None])
+        anchor, axis = frame_pos + local[:, 0], local[:, 1]
+        if tree.free_jnt.shape[0]:  # a free joint's anchor is the body's position, its axis jnt_axis
+            anchor = anchor.index_copy(0, tree.free_jnt, frame_pos[tree.free_jnt])  # whatever jnt_pos says
+            axis = axis.index_copy(0, tree.free_jnt, m.jnt_axis[tree.free_jnt])
+        parent = tree.jnt_parent_body
+        xanchor = xpos_all[parent] + (xmat_all[parent] @ anchor[..., None])[..., 0]
+        xaxis = (xmat_all[parent] @ axis[..., None])[..., 0]
     else:
         xanchor, xaxis = d.xanchor, d.xaxis
 

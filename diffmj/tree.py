@@ -4,6 +4,9 @@ Two tools make the tree vectorisable:
 
 * **Depth levels.** Bodies are grouped by depth; forward kinematics runs one
   vectorised step per level (rotations compose, so this pass is sequential).
+  What a body's joints do to its frame depends on its own qpos only, so the
+  joints of every body are composed first, the k-th joint of all bodies at
+  once, and each level then applies its parents' frames once.
 * **Ancestor matrices.** In MuJoCo's com-based frame every other recursion
   is a plain sum over ancestors or over a subtree: body velocities, bias
   accelerations, composite inertias, subtree momenta. Each becomes one
@@ -22,24 +25,11 @@ from diffmj.enums import JointType
 
 
 @pytree_dataclass
-class JointGroup(PyTreeNode):
-    """Joints of one type occupying the same slot (k-th joint of their body) in one level."""
-
-    jnt_type: JointType = static_field()
-    slot: Tensor  # [n] position of each joint's body within its level
-    jnt: Tensor  # [n] joint ids
-    qposadr: Tensor  # [n]
-
-
-@pytree_dataclass
 class Level(PyTreeNode):
-    """Bodies at one depth of the tree, with what kinematics needs to place them."""
+    """Bodies at one depth of the tree."""
 
     body: Tensor  # [n] body ids
     parent_slot: Tensor  # [n] position of each parent within the previous level
-    mocap_slot: Tensor  # [k] positions of mocap bodies within this level
-    mocap_id: Tensor  # [k] their mocap ids
-    groups: tuple[JointGroup, ...]
 
 
 @pytree_dataclass
@@ -48,7 +38,18 @@ class TreePlan(PyTreeNode):
 
     levels: tuple[Level, ...]  # depth 1, 2, ... (the world is depth 0)
     body_order: Tensor  # [nbody] position of body i in the level-concatenated order
-    jnt_order: Tensor  # [njnt] position of joint i in the group-concatenated order
+    # kinematics: [K, nbody] the k-th joint of each body (K: the most joints of a body), njnt where a
+    # body has fewer or the joint is free (a free joint sets the body's pose, in place of body_pos/quat)
+    body_joint: Tensor
+    jnt_chain_slot: Tensor  # [njnt] k * nbody + body for the k-th joint of its body
+    jnt_parent_body: Tensor  # [njnt] parent of the joint's body
+    hinge_jnt: Tensor  # [n] hinge joints
+    hinge_qposadr: Tensor
+    slide_jnt: Tensor  # [n] slide joints
+    slide_qposadr: Tensor
+    free_body: Tensor  # [n] body of each free joint (free_jnt's order)
+    mocap_body: Tensor  # [k] mocap bodies
+    mocap_id: Tensor  # [k] their mocap ids
     body_rootid: Tensor  # [nbody]
     jnt_dofadr: Tensor  # [njnt]
     jnt_qposadr: Tensor  # [njnt]
@@ -100,49 +101,33 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         depth[b] = depth[parent[b]] + 1
     max_depth = int(depth.max()) if nbody > 1 else 0
 
-    # ---- levels for forward kinematics
+    # ---- levels and joint chains for forward kinematics
     levels = []
     slot_of_body = np.zeros(nbody, dtype=int)
     order = [0]
-    jnt_order_list: list[int] = []
     for level in range(1, max_depth + 1):
         bodies = [b for b in range(nbody) if depth[b] == level]
         for s, b in enumerate(bodies):
             slot_of_body[b] = s
         order.extend(bodies)
-        mocap = [(s, int(mjm.body_mocapid[b])) for s, b in enumerate(bodies) if mjm.body_mocapid[b] >= 0]
-        groups = []
-        max_slot = max(int(mjm.body_jntnum[b]) for b in bodies)
-        for k in range(max_slot):
-            for jtype in JointType:
-                members = [
-                    (s, int(mjm.body_jntadr[b]) + k)
-                    for s, b in enumerate(bodies)
-                    if mjm.body_jntnum[b] > k and jnt_type[mjm.body_jntadr[b] + k] == jtype
-                ]
-                if not members:
-                    continue
-                slots, jnts = zip(*members)
-                jnt_order_list.extend(jnts)
-                groups.append(
-                    JointGroup(
-                        jnt_type=jtype,
-                        slot=_long(slots, device),
-                        jnt=_long(jnts, device),
-                        qposadr=_long(mjm.jnt_qposadr[list(jnts)], device),
-                    )
-                )
         levels.append(
             Level(
                 body=_long(bodies, device),
                 parent_slot=_long([slot_of_body[parent[b]] for b in bodies], device),
-                mocap_slot=_long([s for s, _ in mocap], device),
-                mocap_id=_long([i for _, i in mocap], device),
-                groups=tuple(groups),
             )
         )
     body_order = np.argsort(np.asarray(order))  # concatenated position -> body id, inverted
-    jnt_order = np.argsort(np.asarray(jnt_order_list, dtype=int)) if njnt else np.zeros(0, int)
+
+    chain_length = int(mjm.body_jntnum.max()) if nbody else 0
+    body_joint = np.full((chain_length, nbody), njnt)
+    jnt_chain_slot = np.zeros(njnt, dtype=int)
+    for j in range(njnt):
+        b = mjm.jnt_bodyid[j]
+        k = j - mjm.body_jntadr[b]
+        jnt_chain_slot[j] = k * nbody + b
+        if jnt_type[j] != JointType.FREE:
+            body_joint[k, b] = j
+    mocap_body = [b for b in range(nbody) if mjm.body_mocapid[b] >= 0]
 
     # ---- ancestor matrices
     def ancestors(b):
@@ -213,12 +198,23 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device).to(dtype)
 
     scalar = joints_of((JointType.SLIDE, JointType.HINGE))
+    hinge = joints_of((JointType.HINGE,))
+    slide = joints_of((JointType.SLIDE,))
     ball = joints_of((JointType.BALL,))
     free = joints_of((JointType.FREE,))
     return TreePlan(
         levels=tuple(levels),
         body_order=_long(body_order, device),
-        jnt_order=_long(jnt_order, device),
+        body_joint=_long(body_joint, device).reshape(chain_length, nbody),
+        jnt_chain_slot=_long(jnt_chain_slot, device),
+        jnt_parent_body=_long(parent[mjm.jnt_bodyid], device),
+        hinge_jnt=hinge[0],
+        hinge_qposadr=hinge[1],
+        slide_jnt=slide[0],
+        slide_qposadr=slide[1],
+        free_body=_long(mjm.jnt_bodyid[jnt_type == JointType.FREE], device),
+        mocap_body=_long(mocap_body, device),
+        mocap_id=_long(mjm.body_mocapid[mocap_body], device),
         body_rootid=_long(mjm.body_rootid, device),
         jnt_dofadr=_long(mjm.jnt_dofadr, device),
         jnt_qposadr=_long(mjm.jnt_qposadr, device),

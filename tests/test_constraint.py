@@ -34,6 +34,36 @@ def test_equality_friction_limit_rows(seed):
     check_rows(m, mjd, diffmj.put_data(m, mjd))
 
 
+# a joint equality and a joint limit, no other block (rows are built only for blocks with elements)
+JOINT_EQUALITY_ONLY = """
+<mujoco>
+  <worldbody>
+    <body>
+      <joint name="a" axis="0 1 0" limited="true" range="-0.3 0.3"/>
+      <geom type="capsule" size=".05" fromto="0 0 0 .5 0 0"/>
+      <body pos=".5 0 0">
+        <joint name="b" axis="0 1 0"/>
+        <geom type="capsule" size=".05" fromto="0 0 0 .5 0 0"/>
+      </body>
+    </body>
+  </worldbody>
+  <equality>
+    <joint joint1="b" joint2="a" polycoef="0.1 -0.5 0.2 0 0"/>
+  </equality>
+</mujoco>
+"""
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_rows_of_a_joint_equality_without_connect_or_weld(seed):
+    mjm = mujoco.MjModel.from_xml_string(JOINT_EQUALITY_ONLY)
+    mjd = random_state(mjm, seed, scale=0.6)
+    mujoco.mj_forward(mjm, mjd)
+    assert mjd.nefc >= 2
+    m = diffmj.put_model(mjm)
+    check_rows(m, mjd, diffmj.put_data(m, mjd))
+
+
 @pytest.mark.parametrize("name", ["contacts", "humanoid", "ant", "walker2d", "halfcheetah", "hopper"])
 @pytest.mark.parametrize("cone", ["pyramidal", "elliptic"])
 def test_contact_rows(name, cone):
