@@ -35,17 +35,19 @@ def kinematics(m: Model, d: Data) -> Data:
     identity = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=dtype, device=device)
 
     # every joint's motion in its body's frame, and a last row for "no joint": qloc [njnt + 1, 4]
-    # rotates about jnt_pos, so the frame's origin moves by jnt_pos - qloc(jnt_pos); a slide moves it
-    # along jnt_axis
+    # rotates about jnt_pos, so the frame's origin moves by shift = jnt_pos - qloc(jnt_pos); a slide
+    # moves it along jnt_axis
     qloc = identity.expand(m.njnt + 1, 4)
+    shift = m.jnt_pos.new_zeros(m.njnt + 1, 3)
     if tree.hinge_jnt.shape[0]:
         angle = qpos[tree.hinge_qposadr] - m.qpos0[tree.hinge_qposadr]
         qloc = qloc.index_copy(0, tree.hinge_jnt, math.axis_angle_to_quat(m.jnt_axis[tree.hinge_jnt], angle))
     if tree.ball_jnt.shape[0]:
         ball = math.quat_normalize(math.gather_blocks(qpos, tree.ball_qposadr, 4))
         qloc = qloc.index_copy(0, tree.ball_jnt, ball)
-    jnt_pos = torch.cat((m.jnt_pos, m.jnt_pos.new_zeros(1, 3)))
-    shift = jnt_pos - math.rot_vec_quat(jnt_pos, qloc)  # zero for slides: qloc is the identity
+    if tree.hinge_jnt.shape[0] or tree.ball_jnt.shape[0]:
+        jnt_pos = torch.cat((m.jnt_pos, shift[:1]))
+        shift = jnt_pos - math.rot_vec_quat(jnt_pos, qloc)  # zero where qloc is the identity
     if tree.slide_jnt.shape[0]:
         amount = qpos[tree.slide_qposadr] - m.qpos0[tree.slide_qposadr]
         shift = shift.index_copy(0, tree.slide_jnt, m.jnt_axis[tree.slide_jnt] * amount[:, None])
@@ -81,18 +83,23 @@ def kinematics(m: Model, d: Data) -> Data:
     xquat_all = torch.cat(xquat)[order]
     xmat_all = torch.cat(xmat)[order]
 
-    # joint anchors and axes: from the frame before the joint, in the parent's frame, then global
-    if m.njnt:
-        frame_pos = torch.cat(before_pos)[tree.jnt_chain_slot]
-        frame_quat = torch.cat(before_quat)[tree.jnt_chain_slot]
-        local = math.rot_vec_quat(torch.stack((m.jnt_pos, m.jnt_axis), 1), frame_quat[:, None])
-        anchor, axis = frame_pos + local[:, 0], local[:, 1]
-        if tree.free_jnt.shape[0]:  # a free joint's anchor is the body's position, its axis jnt_axis
-            anchor = anchor.index_copy(0, tree.free_jnt, frame_pos[tree.free_jnt])  # whatever jnt_pos says
-            axis = axis.index_copy(0, tree.free_jnt, m.jnt_axis[tree.free_jnt])
-        parent = tree.jnt_parent_body
-        xanchor = xpos_all[parent] + (xmat_all[parent] @ anchor[..., None])[..., 0]
-        xaxis = (xmat_all[parent] @ axis[..., None])[..., 0]
+    # joint anchors and axes: from the frame before the joint, in the parent's frame, then global; a free
+    # joint's are its body's position (whatever jnt_pos says) and jnt_axis
+    anchors, axes = [], []
+    if before_pos:
+        jnt, parent = tree.chain_jnt, tree.chain_parent
+        frame_quat = torch.cat(before_quat)[tree.chain_slot][:, None]
+        local = math.rot_vec_quat(torch.stack((m.jnt_pos[jnt], m.jnt_axis[jnt]), 1), frame_quat)
+        local = torch.stack((torch.cat(before_pos)[tree.chain_slot] + local[:, 0], local[:, 1]), 1)
+        world = (xmat_all[parent][:, None] @ local[..., None])[..., 0]  # [n, 2, 3]
+        anchors.append(xpos_all[parent] + world[:, 0])
+        axes.append(world[:, 1])
+    if tree.free_jnt.shape[0]:
+        anchors.append(xpos_all[tree.free_body])
+        axes.append(m.jnt_axis[tree.free_jnt])
+    if anchors:
+        xanchor = torch.cat(anchors)[tree.jnt_order]
+        xaxis = torch.cat(axes)[tree.jnt_order]
     else:
         xanchor, xaxis = d.xanchor, d.xaxis
 

@@ -38,11 +38,14 @@ class TreePlan(PyTreeNode):
 
     levels: tuple[Level, ...]  # depth 1, 2, ... (the world is depth 0)
     body_order: Tensor  # [nbody] position of body i in the level-concatenated order
-    # kinematics: [K, nbody] the k-th joint of each body (K: the most joints of a body), njnt where a
-    # body has fewer or the joint is free (a free joint sets the body's pose, in place of body_pos/quat)
+    # kinematics: [K, nbody] the k-th joint of each body, njnt where it has fewer; free joints (the only
+    # joint of their body, which they place in place of body_pos / body_quat) are left out, and so is a
+    # slot no body fills
     body_joint: Tensor
-    jnt_chain_slot: Tensor  # [njnt] k * nbody + body for the k-th joint of its body
-    jnt_parent_body: Tensor  # [njnt] parent of the joint's body
+    chain_jnt: Tensor  # [n] the joints in body_joint (all but the free ones), ascending
+    chain_slot: Tensor  # [n] k * nbody + body of each: the k-th joint of its body
+    chain_parent: Tensor  # [n] parent of each one's body
+    jnt_order: Tensor  # [njnt] position of each joint in chain_jnt followed by free_jnt
     hinge_jnt: Tensor  # [n] hinge joints
     hinge_qposadr: Tensor
     slide_jnt: Tensor  # [n] slide joints
@@ -118,15 +121,17 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         )
     body_order = np.argsort(np.asarray(order))  # concatenated position -> body id, inverted
 
-    chain_length = int(mjm.body_jntnum.max()) if nbody else 0
+    is_free = jnt_type == JointType.FREE
+    chain_jnt = np.flatnonzero(~is_free)
+    chain_length = int(mjm.body_jntnum[mjm.jnt_bodyid[chain_jnt]].max()) if chain_jnt.size else 0
     body_joint = np.full((chain_length, nbody), njnt)
-    jnt_chain_slot = np.zeros(njnt, dtype=int)
-    for j in range(njnt):
+    chain_slot = np.zeros(chain_jnt.size, dtype=int)
+    for i, j in enumerate(chain_jnt):
         b = mjm.jnt_bodyid[j]
         k = j - mjm.body_jntadr[b]
-        jnt_chain_slot[j] = k * nbody + b
-        if jnt_type[j] != JointType.FREE:
-            body_joint[k, b] = j
+        chain_slot[i] = k * nbody + b
+        body_joint[k, b] = j
+    jnt_order = np.argsort(np.concatenate((chain_jnt, np.flatnonzero(is_free))))
     mocap_body = [b for b in range(nbody) if mjm.body_mocapid[b] >= 0]
 
     # ---- ancestor matrices
@@ -206,13 +211,15 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         levels=tuple(levels),
         body_order=_long(body_order, device),
         body_joint=_long(body_joint, device).reshape(chain_length, nbody),
-        jnt_chain_slot=_long(jnt_chain_slot, device),
-        jnt_parent_body=_long(parent[mjm.jnt_bodyid], device),
+        chain_jnt=_long(chain_jnt, device),
+        chain_slot=_long(chain_slot, device),
+        chain_parent=_long(parent[mjm.jnt_bodyid[chain_jnt]], device),
+        jnt_order=_long(jnt_order, device),
         hinge_jnt=hinge[0],
         hinge_qposadr=hinge[1],
         slide_jnt=slide[0],
         slide_qposadr=slide[1],
-        free_body=_long(mjm.jnt_bodyid[jnt_type == JointType.FREE], device),
+        free_body=_long(mjm.jnt_bodyid[is_free], device),
         mocap_body=_long(mocap_body, device),
         mocap_id=_long(mjm.body_mocapid[mocap_body], device),
         body_rootid=_long(mjm.body_rootid, device),
