@@ -337,7 +337,7 @@ def _all_rows(m: Model, d: Data) -> Rows:
     plan = m.constraint_plan
     # a block without elements is not traced: its empty tensors would still be ops to compile
     blocks = [_ROW_BUILDERS[name](m, d) for name, _, _ in ROW_BLOCKS if getattr(plan, name).shape[0]]
-    blocks += [_contact_rows(m, d, group) for group in m.constraint_plan.contacts]
+    blocks += [_contact_rows(m, d, group) for group in plan.contacts]
     return Rows(*(torch.cat(parts) for parts in zip(*blocks)))
 
 

@@ -46,7 +46,7 @@ def kinematics(m: Model, d: Data) -> Data:
         ball = math.quat_normalize(math.gather_blocks(qpos, tree.ball_qposadr, 4))
         qloc = qloc.index_copy(0, tree.ball_jnt, ball)
     if tree.hinge_jnt.shape[0] or tree.ball_jnt.shape[0]:
-        jnt_pos = torch.cat((m.jnt_pos, shift[:1]))
+        jnt_pos = torch.cat((m.jnt_pos, m.jnt_pos.new_zeros(1, 3)))  # and the "no joint" row
         shift = jnt_pos - math.rot_vec_quat(jnt_pos, qloc)  # zero where qloc is the identity
     if tree.slide_jnt.shape[0]:
         amount = qpos[tree.slide_qposadr] - m.qpos0[tree.slide_qposadr]
