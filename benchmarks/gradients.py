@@ -109,9 +109,9 @@ def bench_jacobians(name: str, batch: int, repeats: int, timeout: float) -> dict
     datas = torch.stack([d] * batch)
     eager = diffmj.grad.transition_jacobians(m, datas)
     t_diffmj = _median_time(lambda: diffmj.grad.transition_jacobians(m, datas), repeats)
-    # inductor 2.13 deleted a buffer still needed later (UnboundLocalError when the compiled hopper Jacobians ran);
-    # with these options they run, but 4.3 (relative) off eager's on the hopper (README, "Gradient costs")
-    compiled_fn = torch.compile(diffmj.grad.transition_jacobians, fullgraph=True, options={"allow_buffer_reuse": False, "inplace_buffers": False})
+    # inductor 2.13's reordering for peak memory miscompiles the batched Jacobians (README, "Gradient costs")
+    compiled_fn = torch.compile(diffmj.grad.transition_jacobians, fullgraph=True,
+                                options={"reorder_for_peak_memory": False})
     start = time.perf_counter()
     compiled = compiled_fn(m, datas)
     compile_s = time.perf_counter() - start

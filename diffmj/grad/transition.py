@@ -59,6 +59,9 @@ def transition_jacobians(
     backward_mode: how the step's constraint solver is differentiated; None uses the model's.
     With the implicit adjoint (not RK4), the differentiated step starts from the solution of the
     step taken first and runs no solver iterations (``diffmj.grad.solution``).
+
+    To compile it with inductor, pass ``options={"reorder_for_peak_memory": False}``: torch 2.13's
+    reordering for peak memory miscompiles the batched Jacobians (README, "Gradient costs").
     """
     mode = resolve_backward_mode(m, backward_mode)
     if not d.batch_dims:
