@@ -57,8 +57,9 @@ def _compile_recording_ops(fn, ops: set):
 
 def test_compiled_explicit_batch_stops_when_all_converge():
     """Compiled, the batch's solver loop and its line searches are while_loops (no scan: no full count),
-    with eager's result, and the step fed its own output does not recompile."""
-    m, batch = arm_batch(cone="elliptic")
+    with eager's result, and the step fed its own output does not recompile. implicitfast: the free
+    body's bias derivative compiles under the batch (test_compiled_batch_of_free_body_with_implicitfast...)."""
+    m, batch = arm_batch("implicitfast", cone="elliptic")
     ops = set()
     torch._dynamo.reset()
     step = _compile_recording_ops(diffmj.step, ops)
@@ -147,7 +148,8 @@ FREE_BOX_IMPLICITFAST = """<mujoco><option integrator="implicitfast"/><worldbody
 <body pos="0 0 .2"><freejoint/><geom type="box" size=".1 .1 .1"/></body></worldbody></mujoco>"""
 
 
-@pytest.mark.parametrize("batching", ["explicit", pytest.param("vmap", marks=pytest.mark.slow)])  # one compile by default
+@pytest.mark.slow  # the default suite compiles an implicitfast explicit batch in test_compiled_explicit_batch_stops...
+@pytest.mark.parametrize("batching", ["explicit", "vmap"])
 def test_compiled_batch_of_free_body_with_implicitfast_equals_eager(batching):
     """implicitfast solves a free body's 6x6 block with the bias derivative (bias_vel), which compiles under a
     batch: torch 2.13's Dynamo failed on forward-mode AD there (an internal assert in _fw_primal)."""

@@ -175,7 +175,7 @@ def _compile_recording_ops(fn, ops: set):
     return torch.compile(fn, fullgraph=True, backend=backend)
 
 
-@pytest.mark.parametrize("iterations", [1, 10])
+@pytest.mark.parametrize("iterations", [pytest.param(1, marks=pytest.mark.slow), 10])
 # the vmapped loop (scan) in the slow suite: test_compiled_vmap_step_on_contact_model compiles it by default
 @pytest.mark.parametrize("batched", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["unbatched", "vmap"])
 def test_compiled_solver_loop_is_traced_once(iterations, batched):
@@ -198,17 +198,19 @@ def test_compiled_solver_loop_is_traced_once(iterations, batched):
 
 def test_compiled_early_exit_equals_fixed_count():
     """An unbatched compiled step stops when converged (while_loop): the same as eager's early stop,
-    and as the batched scan's full count with converged elements frozen (to batched rounding)."""
+    and as the full count (early_exit=False) with converged islands frozen (to rounding)."""
     mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=100))
     mjm.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC  # the line search's own loop too
     m = diffmj.put_model(mjm)
-    batch = torch.stack([diffmj.put_data(m, settled_state(mjm, n, seed=n)) for n in (20, 40)])
+    d = diffmj.put_data(m, settled_state(mjm, 40, seed=40))
+    ops = set()
     torch._dynamo.reset()
-    early = _compile_recording_ops(diffmj.step, set())(m, batch[1])
-    fixed = _compile_recording_ops(torch.vmap(diffmj.step, in_dims=(None, 0)), set())(m, batch)
+    early = _compile_recording_ops(diffmj.step, ops)(m, d)
+    fixed = diffmj.step(diffmj.put_model(mjm, early_exit=False), d)
+    assert torch.ops.higher_order.while_loop in ops
     for name in ("qpos", "qvel", "qacc", "efc_force"):
-        assert_close(name, getattr(early, name), getattr(fixed[1], name), 1e-12)
-        assert torch.equal(getattr(early, name), getattr(diffmj.step(m, batch[1]), name)), name
+        assert_close(name, getattr(early, name), getattr(fixed, name), 1e-12)
+        assert torch.equal(getattr(early, name), getattr(diffmj.step(m, d), name)), name
 
 
 def test_fixed_iteration_count_mode(monkeypatch):
