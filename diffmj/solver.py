@@ -71,8 +71,8 @@ class Problem(NamedTuple):
     R: Tensor  # [nefc]
     frictionloss: Tensor  # [nefc]
     active: Tensor  # [nefc] bool
-    equality: Tensor  # [nefc] bool
-    friction: Tensor  # [nefc] bool
+    equality: Tensor | None  # [nefc] bool; None: no equality rows
+    friction: Tensor | None  # [nefc] bool, frictionloss rows; None: none
     cones: tuple  # per elliptic contact group: (rows [k, dim], mu [k], friction [k, dim - 1])
     island_dofs: Tensor  # [K, nv] 1 where the dof is in island k (islands())
     island_rows: Tensor  # [K, nefc] 1 where the row is in island k
@@ -100,26 +100,44 @@ def _cone(jar_rows: Tensor, mu: Tensor, friction: Tensor):
     return U, N, T, top, bottom, middle
 
 
-def constraint_update(p: Problem, jar: Tensor, with_hessian: bool = False) -> Update:
-    """Forces, states and cost of every row at residual jar = J qacc - aref."""
-    D, R, floss = p.D, p.R, p.frictionloss
-    quad_cost = 0.5 * D * jar * jar
-    force = -D * jar
+def _by_kind(p: Problem, equality, frictionloss, one_sided) -> tuple:
+    """Each row's values from its kind's function: equality, frictionloss, or else one-sided (limits and
+    contacts). Each function is called without arguments and returns a tuple of tensors over the rows
+    (one_sided's give the layout, the others broadcast to it). A kind the model has no rows of is not
+    evaluated (nor traced)."""
+    values = one_sided()
+    for rows, kind in ((p.friction, frictionloss), (p.equality, equality)):
+        if rows is not None:
+            values = tuple(torch.where(rows, new, old) for new, old in zip(kind(), values))
+    return values
 
-    # frictionloss rows: Huber cost
+
+def _frictionloss_update(jar: Tensor, force: Tensor, cost: Tensor, R: Tensor, floss: Tensor) -> tuple:
+    """(force, state, cost) of frictionloss rows: Huber, linear beyond |jar| >= R floss, force and cost
+    (a quadratic row's) inside."""
     rf = R * floss
     neg, pos = jar <= -rf, jar >= rf
-    huber = torch.where(neg, -0.5 * rf * floss - floss * jar, torch.where(pos, -0.5 * rf * floss + floss * jar, quad_cost))
-    fri_force = torch.where(neg, floss, torch.where(pos, -floss, force))
-    fri_state = torch.where(
+    state = torch.where(
         neg, ConstraintState.LINEARNEG, torch.where(pos, ConstraintState.LINEARPOS, ConstraintState.QUADRATIC))
+    return (torch.where(neg, floss, torch.where(pos, -floss, force)), state,
+            torch.where(neg, -0.5 * rf * floss - floss * jar, torch.where(pos, -0.5 * rf * floss + floss * jar, cost)))
 
-    # limits and contacts: one-sided
+
+def _one_sided_update(jar: Tensor, force: Tensor, cost: Tensor) -> tuple:
+    """(force, state, cost) of limit and contact rows: a quadratic row's force and cost where violated
+    (jar < 0), else none."""
     violated = jar < 0
-    one_sided = torch.where(violated, ConstraintState.QUADRATIC, ConstraintState.SATISFIED)
-    state = torch.where(p.equality, ConstraintState.QUADRATIC, torch.where(p.friction, fri_state, one_sided))
-    force = torch.where(p.equality, force, torch.where(p.friction, fri_force, torch.where(violated, force, 0.0)))
-    cost = torch.where(p.equality, quad_cost, torch.where(p.friction, huber, torch.where(violated, quad_cost, 0.0)))
+    state = torch.where(violated, ConstraintState.QUADRATIC, ConstraintState.SATISFIED)
+    return torch.where(violated, force, 0.0), state, torch.where(violated, cost, 0.0)
+
+
+def constraint_update(p: Problem, jar: Tensor, with_hessian: bool = False) -> Update:
+    """Forces, states and cost of every row at residual jar = J qacc - aref."""
+    D = p.D
+    quadratic = (-D * jar, int(ConstraintState.QUADRATIC), 0.5 * D * jar * jar)  # (force, state, cost)
+    force, state, cost = _by_kind(
+        p, lambda: quadratic, lambda: _frictionloss_update(jar, quadratic[0], quadratic[2], p.R, p.frictionloss),
+        lambda: _one_sided_update(jar, quadratic[0], quadratic[2]))
 
     hessians = []
     cone_cost = torch.zeros_like(jar[..., 0])
@@ -289,35 +307,44 @@ def _cone_point(c: ConeLine, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(torch.where(c.active, x, 0.0) for x in (cost, slope, curvature))
 
 
+def _frictionloss_line(x: Tensor, jar: Tensor, Jv: Tensor, D: Tensor, R: Tensor, floss: Tensor) -> tuple:
+    """(cost change, slope, curvature) of frictionloss rows from jar to x = jar + a Jv: Huber, in zones
+    -1 (x <= -R floss), 0 (quadratic) and +1 (x >= R floss)."""
+    rf = R * floss
+
+    def zone(v):
+        return torch.where(v <= -rf, -1, torch.where(v >= rf, 1, 0))
+
+    def huber(v, z):
+        return torch.where(z == 0, 0.5 * D * v * v, floss * (-0.5 * rf + z * v))
+
+    z0, z = zone(jar), zone(x)
+    change = torch.where(
+        z0 == z, torch.where(z == 0, 0.5 * D * (x - jar) * (x + jar), z * floss * (x - jar)), huber(x, z) - huber(jar, z0))
+    return change, torch.where(z == 0, D * x * Jv, z * floss * Jv), torch.where(z == 0, Jv * D * Jv, 0.0)
+
+
+def _one_sided_line(x: Tensor, jar: Tensor, q0: Tensor, quadratic: tuple) -> tuple:
+    """(cost change, slope, curvature) of limit and scalar contact rows from jar to x: a quadratic row's
+    (``quadratic``; q0 its cost at jar) where x < 0, else none."""
+    cost0 = torch.where(jar < 0, q0, 0.0)
+    change, slope, curvature = quadratic
+    violated = x < 0
+    return (torch.where(violated, q0 - cost0 + change, -cost0), torch.where(violated, slope, 0.0),
+            torch.where(violated, curvature, 0.0))
+
+
 def _line_point(p: Problem, line: Line, alpha: Tensor) -> LinePoint:
     """The line cost of each island at its alpha [..., K] (PrimalEval): its change from alpha = 0 and two
     derivatives, [..., K] each."""
     a = alpha @ p.island_rows  # [..., nefc] each row's step: its island's
     jar, Jv, D = line.jar, line.Jv, p.D
     x = jar + a * Jv
-    q0, q1, q2 = 0.5 * jar * D * jar, Jv * D * jar, 0.5 * Jv * D * Jv  # a row's quadratic in alpha
-    quad_change, quad_slope = a * (a * q2 + q1), 2 * a * q2 + q1
-    # frictionloss rows: Huber cost with zones -1 (x <= -R f), 0 (quadratic), +1 (x >= R f)
-    f, rf = p.frictionloss, p.R * p.frictionloss
-
-    def zone(v):
-        return torch.where(v <= -rf, -1, torch.where(v >= rf, 1, 0))
-
-    def huber(v, z):
-        return torch.where(z == 0, 0.5 * D * v * v, f * (-0.5 * rf + z * v))
-
-    z0, z = zone(jar), zone(x)
-    friction_change = torch.where(
-        z0 == z, torch.where(z == 0, 0.5 * D * (x - jar) * (x + jar), z * f * (x - jar)), huber(x, z) - huber(jar, z0))
-    friction_slope = torch.where(z == 0, D * x * Jv, z * f * Jv)
-    # limits and scalar contacts: quadratic where x < 0
-    cost0 = torch.where(jar < 0, q0, 0.0)
-    one_sided_change = torch.where(x < 0, q0 - cost0 + quad_change, -cost0)
-
-    quadratic = p.equality | (p.friction & (z == 0)) | (~p.equality & ~p.friction & (x < 0))
-    change = torch.where(p.equality, quad_change, torch.where(p.friction, friction_change, one_sided_change))
-    slope = torch.where(p.friction, friction_slope, torch.where(quadratic, quad_slope, 0.0))
-    curvature = torch.where(quadratic, 2 * q2, 0.0)
+    q0, q1, q2 = 0.5 * jar * D * jar, Jv * D * jar, 0.5 * Jv * D * Jv  # a row's quadratic in a
+    quadratic = (a * (a * q2 + q1), 2 * a * q2 + q1, 2 * q2)  # (cost change, slope, curvature)
+    change, slope, curvature = _by_kind(
+        p, lambda: quadratic, lambda: _frictionloss_line(x, jar, Jv, D, p.R, p.frictionloss),
+        lambda: _one_sided_line(x, jar, q0, quadratic))
     rows_to_islands = p.island_rows.transpose(-1, -2)
     cost, slope, curvature = (torch.where(line.scalar, v, 0.0) @ rows_to_islands for v in (change, slope, curvature))
     for (rows, _, _), cone in zip(p.cones, line.cones):
@@ -570,8 +597,8 @@ def problem(settings: Settings, x: Inputs) -> Problem:
         R=x.R,
         frictionloss=x.frictionloss,
         active=x.active,
-        equality=rows < settings.ne,
-        friction=(rows >= settings.ne) & (rows < settings.ne + settings.nf),
+        equality=rows < settings.ne if settings.ne else None,
+        friction=(rows >= settings.ne) & (rows < settings.ne + settings.nf) if settings.nf else None,
         cones=cones,
         island_dofs=x.island_dofs,
         island_rows=x.island_rows,
