@@ -41,16 +41,18 @@ from diffmj.types import Data, Model
 from diffmj.workarounds import derivative_requested, elementwise
 
 
-def residual_inputs(x: Inputs) -> tuple[str, ...]:
+def residual_inputs(settings: Settings, x: Inputs) -> tuple[str, ...]:
     """The inputs the residual depends on: not M_chol, qacc_smooth, the warm start or the
-    tolerances; R only through the elliptic cones' friction (it otherwise just picks states)."""
-    names = ("M", "qfrc_smooth", "J", "aref", "D", "frictionloss")
+    tolerances; frictionloss only with frictionloss rows; R only through the elliptic cones'
+    friction (it otherwise just picks states). An input it does not read has no gradient, and
+    torch.func.vjp's zeros for it fail inside nested transforms (a tensor of an exited level)."""
+    names = ("M", "qfrc_smooth", "J", "aref", "D") + (("frictionloss",) if settings.nf else ())
     return names + ("R", "cone_friction") if x.cone_rows else names
 
 
 def _residual_of(settings: Settings, x: Inputs, qacc: Tensor):
-    """r(qacc, theta) as a function of the inputs named by residual_inputs(x)."""
-    names = residual_inputs(x)
+    """r(qacc, theta) as a function of the inputs named by residual_inputs."""
+    names = residual_inputs(settings, x)
 
     def r(*theta):
         return residual(settings, x._replace(**dict(zip(names, theta))), qacc)
@@ -104,7 +106,7 @@ class ImplicitSolve(torch.autograd.Function):
         qacc, *flat = ctx.saved_tensors
         settings, x = ctx.settings, pytree.tree_unflatten(flat, ctx.spec)
         lam = torch.cholesky_solve(grad_qacc[..., None], hessian_factor(settings, x, qacc))[..., 0]
-        names = residual_inputs(x)
+        names = residual_inputs(settings, x)
         _, vjp = torch.func.vjp(_residual_of(settings, x, qacc), *(getattr(x, f) for f in names))
         grads = dict(zip(names, vjp(-lam)))
         return (None, *_flat_like(x, grads))
@@ -115,7 +117,7 @@ class ImplicitSolve(torch.autograd.Function):
         settings, x = ctx.settings, pytree.tree_unflatten(flat, ctx.spec)
         dx = pytree.tree_unflatten(list(tangents), ctx.spec)
         primals, dirs = [], []
-        for field in residual_inputs(x):
+        for field in residual_inputs(settings, x):
             value, tangent = getattr(x, field), getattr(dx, field)
             if isinstance(value, tuple):
                 tangent = tuple(torch.zeros_like(v) if t is None else t for v, t in zip(value, tangent))

@@ -102,9 +102,9 @@ def _cone(jar_rows: Tensor, mu: Tensor, friction: Tensor):
 
 def _by_kind(p: Problem, equality, frictionloss, one_sided) -> tuple:
     """Each row's values from its kind's function: equality, frictionloss, or else one-sided (limits and
-    contacts). Each function is called without arguments and returns a tuple of tensors over the rows
-    (one_sided's give the layout, the others broadcast to it). A kind the model has no rows of is not
-    evaluated (nor traced)."""
+    contacts). Each function is called without arguments and returns a tuple of values over the rows
+    (one_sided's tensors give the layout, the others broadcast to it). Equality and frictionloss are not
+    evaluated (nor traced) for a model without such rows."""
     values = one_sided()
     for rows, kind in ((p.friction, frictionloss), (p.equality, equality)):
         if rows is not None:
@@ -307,9 +307,10 @@ def _cone_point(c: ConeLine, alpha: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(torch.where(c.active, x, 0.0) for x in (cost, slope, curvature))
 
 
-def _frictionloss_line(x: Tensor, jar: Tensor, Jv: Tensor, D: Tensor, R: Tensor, floss: Tensor) -> tuple:
+def _frictionloss_line(x: Tensor, jar: Tensor, Jv: Tensor, D: Tensor, R: Tensor, floss: Tensor,
+                       curvature: Tensor) -> tuple:
     """(cost change, slope, curvature) of frictionloss rows from jar to x = jar + a Jv: Huber, in zones
-    -1 (x <= -R floss), 0 (quadratic) and +1 (x >= R floss)."""
+    -1 (x <= -R floss), 0 (quadratic: a quadratic row's curvature) and +1 (x >= R floss)."""
     rf = R * floss
 
     def zone(v):
@@ -321,12 +322,13 @@ def _frictionloss_line(x: Tensor, jar: Tensor, Jv: Tensor, D: Tensor, R: Tensor,
     z0, z = zone(jar), zone(x)
     change = torch.where(
         z0 == z, torch.where(z == 0, 0.5 * D * (x - jar) * (x + jar), z * floss * (x - jar)), huber(x, z) - huber(jar, z0))
-    return change, torch.where(z == 0, D * x * Jv, z * floss * Jv), torch.where(z == 0, Jv * D * Jv, 0.0)
+    return change, torch.where(z == 0, D * x * Jv, z * floss * Jv), torch.where(z == 0, curvature, 0.0)
 
 
 def _one_sided_line(x: Tensor, jar: Tensor, q0: Tensor, quadratic: tuple) -> tuple:
-    """(cost change, slope, curvature) of limit and scalar contact rows from jar to x: a quadratic row's
-    (``quadratic``; q0 its cost at jar) where x < 0, else none."""
+    """(cost change, slope, curvature) of limit and scalar contact rows from jar to x: the cost goes from
+    cost0 (q0, a quadratic row's cost, where jar < 0, else 0) to a quadratic row's cost where x < 0, else
+    to 0; slope and curvature are a quadratic row's (``quadratic``) where x < 0, else 0."""
     cost0 = torch.where(jar < 0, q0, 0.0)
     change, slope, curvature = quadratic
     violated = x < 0
@@ -343,7 +345,7 @@ def _line_point(p: Problem, line: Line, alpha: Tensor) -> LinePoint:
     q0, q1, q2 = 0.5 * jar * D * jar, Jv * D * jar, 0.5 * Jv * D * Jv  # a row's quadratic in a
     quadratic = (a * (a * q2 + q1), 2 * a * q2 + q1, 2 * q2)  # (cost change, slope, curvature)
     change, slope, curvature = _by_kind(
-        p, lambda: quadratic, lambda: _frictionloss_line(x, jar, Jv, D, p.R, p.frictionloss),
+        p, lambda: quadratic, lambda: _frictionloss_line(x, jar, Jv, D, p.R, p.frictionloss, quadratic[2]),
         lambda: _one_sided_line(x, jar, q0, quadratic))
     rows_to_islands = p.island_rows.transpose(-1, -2)
     cost, slope, curvature = (torch.where(line.scalar, v, 0.0) @ rows_to_islands for v in (change, slope, curvature))
