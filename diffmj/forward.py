@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from diffmj import math
@@ -45,7 +46,7 @@ from diffmj.smooth import (
 from diffmj.solver import solve
 from diffmj.state import integrate_pos
 from diffmj.types import BackwardMode, Data, DisableBit, IntegratorType, Model
-from diffmj.workarounds import canonical_layout, elementwise
+from diffmj.workarounds import bounded_loop, canonical_layout, derivative_requested, elementwise, literal
 
 
 def fwd_position(m: Model, d: Data) -> Data:
@@ -159,7 +160,10 @@ def _euler(m: Model, d: Data) -> Data:
     return _advance(m, d, d.act_dot, qacc)
 
 
-_RK4_A = ((0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
+# Butcher tableau of the classic RK4: stage j+1 starts from the step's state offset by
+# _RK4_C[j] h along stage j's rates alone (the matrix has one entry per row), and
+# the step combines the stages' rates with weights _RK4_B
+_RK4_C = (0.5, 0.5, 1.0)
 _RK4_B = (1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0)
 
 
@@ -194,18 +198,18 @@ def _rk4_rates(m: Model, d: Data, dpos: Tensor) -> tuple[Tensor, Tensor, Tensor]
     return _rk4_position_velocity(m, m.opt.timestep * dpos, d.qvel), d.qacc, d.act_dot
 
 
-def _rk4_stage(m: Model, d: Data, rates: list, a: tuple[float, ...]) -> tuple[Data, Tensor]:
-    """The state of the stage whose coefficients on the rates so far are a, and its position offset."""
+def _rk4_stage(m: Model, d: Data, rate: tuple[Tensor, Tensor, Tensor], c: Tensor) -> tuple[Data, Tensor]:
+    """The state of the next stage, offset by c h along the last stage's rates, and its position offset."""
     h = m.opt.timestep
-    dpos, dqacc, dact = (sum(c * v for c, v in zip(a, rate)) for rate in zip(*rates))
+    dpos, dqacc, dact = (c * r for r in rate)
     stage = d.replace(qpos=integrate_pos(m, d.qpos, dpos, h), qvel=d.qvel + h * dqacc, act=d.act + h * dact,
-                      time=d.time + sum(a) * h)
+                      time=d.time + c * h)
     return stage, dpos
 
 
-def _rk4_combine(m: Model, d: Data, last: Data, rates: list) -> Data:
-    """The step from d by the weighted rates of the four stages, last the last stage's Data."""
-    dpos, dqacc, dact = (sum(b * v for b, v in zip(_RK4_B, rate)) for rate in zip(*rates))
+def _rk4_combine(m: Model, d: Data, last: Data, rates: tuple[Tensor, Tensor, Tensor]) -> Data:
+    """The step from d by the stages' weighted rates (summed), last the last stage's Data."""
+    dpos, dqacc, dact = rates
     last = last.replace(qpos=d.qpos, qvel=d.qvel, act=d.act, time=d.time)
     # like MuJoCo 4, the step reports the Runge-Kutta average as qacc (the last
     # stage's qacc is kept as qacc_warmstart; other fields are the last stage's)
@@ -213,14 +217,31 @@ def _rk4_combine(m: Model, d: Data, last: Data, rates: list) -> Data:
 
 
 def _rk4(m: Model, d: Data, mode: BackwardMode, batched: bool) -> Data:
-    """4th-order Runge-Kutta over (qpos, qvel, act), Munthe-Kaas on rotations (mj_RungeKutta)."""
-    rates = [_each(_rk4_rates, batched)(m, d, torch.zeros_like(d.qvel))]
-    last = d
-    for a in _RK4_A:
-        stage, dpos = _each(functools.partial(_rk4_stage, a=a), batched)(m, d, rates)
+    """4th-order Runge-Kutta over (qpos, qvel, act), Munthe-Kaas on rotations (mj_RungeKutta).
+
+    The three later stages are one loop body (workarounds.bounded_loop), so that torch.compile
+    traces one forward pass for them, not three; unrolled where a derivative may be asked for
+    (2.13's loops have no autograd).
+    """
+    rate = _each(_rk4_rates, batched)(m, d, torch.zeros_like(d.qvel))
+    weighted = tuple(_RK4_B[0] * r for r in rate)
+    coefficients = literal((_RK4_C, _RK4_B[1:]), m.dtype, m.device)  # [2, 3]
+    leaves, spec = pytree.tree_flatten(d)
+
+    def next_stage(carry: tuple) -> tuple:
+        done, j, rate, weighted = carry[0], carry[1], carry[2:5], carry[5:8]  # carry[8:]: the last stage's Data
+        c, b = torch.where(j == torch.arange(len(_RK4_C), device=j.device), coefficients, 0.0).sum(1)  # [:, j]
+        stage, dpos = _each(_rk4_stage, batched)(m, d, rate, c.expand(d.time.shape))
         last = run_forward(m, stage, mode, sensors=False, batched=batched)  # like MuJoCo, stages skip sensors
-        rates.append(_each(_rk4_rates, batched)(m, last, dpos))
-    return _each(_rk4_combine, batched)(m, d, last, rates)
+        rate = _each(_rk4_rates, batched)(m, last, dpos)
+        weighted = tuple(w + b * r for w, r in zip(weighted, rate))
+        # copies: a loop's outputs must not alias its inputs (fields forward() passes through: ctrl, ...)
+        return done.clone(), j + 1, *rate, *weighted, *(t.clone() for t in pytree.tree_leaves(last))
+
+    start = (torch.zeros((), dtype=torch.bool, device=m.device), torch.zeros((), dtype=torch.int64, device=m.device))
+    unroll = derivative_requested(t for t in (*leaves, *pytree.tree_leaves(m)) if isinstance(t, Tensor))
+    carry = bounded_loop(next_stage, (*start, *rate, *weighted, *leaves), len(_RK4_C), unroll, m.early_exit)
+    return _each(_rk4_combine, batched)(m, d, pytree.tree_unflatten(carry[8:], spec), carry[5:8])
 
 
 def qfrc_smooth_vel(m: Model, d: Data) -> Tensor:

@@ -23,6 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from diffmj.workarounds import Literal
+
 MINVAL = 1e-15  # mjMINVAL: smallest denominator MuJoCo accepts
 
 
@@ -70,8 +72,8 @@ class _Sums(NamedTuple):
     at each call would cost as much tracing as the tensor ops themselves.
     """
 
-    index: tuple[tuple[int, ...], ...]  # index into the products of each term of each output
-    sign: tuple[tuple[float, ...], ...]  # +1.0 or -1.0 of each term
+    index: Literal  # [rows, terms] index into the products of each term of each output
+    sign: Literal  # [rows, terms] +1.0 or -1.0 of each term
     pairwise: bool
 
 
@@ -79,7 +81,7 @@ def _sums(terms: tuple[tuple[int, ...], ...], pairwise: bool = False) -> _Sums:
     """Table of out[r] = sum over t in terms[r] of products[t - 1] (t > 0) or -products[-t - 1] (t < 0)."""
     index = tuple(tuple(abs(t) - 1 for t in row) for row in terms)
     sign = tuple(tuple(1.0 if t > 0 else -1.0 for t in row) for row in terms)
-    return _Sums(index, sign, pairwise)
+    return _Sums(Literal.of(index), Literal.of(sign), pairwise)
 
 
 def _signed_sums(products: Tensor, sums: _Sums) -> Tensor:
@@ -90,13 +92,13 @@ def _signed_sums(products: Tensor, sums: _Sums) -> Tensor:
     in a handful of tensor ops: a graph that torch.compile traces and compiles far faster than
     one op per product.
     """
-    index = torch.tensor(sums.index, device=products.device)
-    sign = torch.tensor(sums.sign, dtype=products.dtype, device=products.device)
+    index = sums.index.tensor(device=products.device)
+    sign = sums.sign.tensor(products.dtype, products.device)
     signed = products[..., index] * sign
     if sums.pairwise:
         return (signed[..., 0] + signed[..., 1]) + (signed[..., 2] + signed[..., 3])
     out = signed[..., 0]
-    for k in range(1, len(sums.index[0])):
+    for k in range(1, sums.index.shape[1]):
         out = out + signed[..., k]
     return out
 
@@ -130,14 +132,14 @@ def rot_vec_quat(v: Tensor, q: Tensor) -> Tensor:
 # mju_quat2Mat: diagonal (q00 - q22) + (q11 - q33), ...; off-diagonal 2 (q12 - q03), ... in _products(q, q)
 _MAT_DIAGONAL = _sums(((1, -11, 6, -16), (1, 11, -6, -16), (1, -11, -6, 16)), pairwise=True)
 _MAT_OFF_DIAGONAL = _sums(((7, -4), (8, 3), (7, 4), (12, -2), (8, -3), (12, 2)))  # 01, 02, 10, 12, 20, 21
-_MAT_LAYOUT = (0, 3, 4, 5, 1, 6, 7, 8, 2)  # [diagonal, off-diagonal] -> row-major 3x3
+_MAT_LAYOUT = Literal.of((0, 3, 4, 5, 1, 6, 7, 8, 2))  # [diagonal, off-diagonal] -> row-major 3x3
 
 
 def quat_to_mat(q: Tensor) -> Tensor:
     """Rotation matrix [..., 3, 3] of unit quaternion q [..., 4] (mju_quat2Mat)."""
     products = _products(q, q)
     entries = torch.cat((_signed_sums(products, _MAT_DIAGONAL), 2 * _signed_sums(products, _MAT_OFF_DIAGONAL)), -1)
-    return entries[..., list(_MAT_LAYOUT)].unflatten(-1, (3, 3))
+    return entries[..., _MAT_LAYOUT.tensor(device=q.device)].unflatten(-1, (3, 3))
 
 
 def axis_angle_to_quat(axis: Tensor, angle: Tensor) -> Tensor:

@@ -571,7 +571,7 @@ def ray_hfield(hfields: HFields, pos: Tensor, mat: Tensor, pnt: Tensor, vec: Ten
     rows, cols = height.shape[-2] - 1, height.shape[-1] - 1
     r = torch.arange(rows, device=lpnt.device)[:, None, None, None]
     c = torch.arange(cols, device=lpnt.device)[None, :, None, None]
-    offset = torch.tensor(_RAY_TRIANGLES, device=lpnt.device)  # [2, 3, 2]
+    offset = workarounds.literal(_RAY_TRIANGLES, device=lpnt.device)  # [2, 3, 2]
     vr, vc = (x.reshape(-1, 3) for x in torch.broadcast_tensors(r + offset[..., 0], c + offset[..., 1]))  # [T, 3]
     step = 2 * size[..., :2] / (grid.flip(-1) - 1).to(size.dtype)  # dx, dy [g, 2]
     corner = torch.stack((step[..., None, None, 0] * vc - size[..., None, None, 0],

@@ -63,7 +63,10 @@ def kinematics(m: Model, d: Data) -> Data:
         free_quat = math.quat_normalize(math.gather_blocks(qpos, tree.free_qposadr + 3, 4))
         quat = quat.index_copy(0, tree.free_body, free_quat)
     before_pos, before_quat = [], []  # the frame each joint slot starts from [nbody, 3], [nbody, 4]
-    for jnt in tree.body_joint:
+    # by position: Dynamo lifts the items of `for jnt in tree.body_joint` into a loop body (RK4's stages)
+    # as inputs that alias one another, which while_loop and scan refuse
+    for k in range(tree.body_joint.shape[0]):
+        jnt = tree.body_joint[k]
         before_pos.append(pos)
         before_quat.append(quat)
         pos = pos + math.rot_vec_quat(shift[jnt], quat)

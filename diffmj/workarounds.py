@@ -14,6 +14,7 @@ plain code would.
   adjoint's correction is traced at all.
 * ``bounded_loop``: a loop whose body Dynamo traces once (torch._higher_order_ops'
   while_loop / scan), so compile time does not grow with the iteration count.
+* ``Literal`` / ``literal``: constant tables that inductor also compiles inside a loop's body.
 * ``elementwise``: an explicit batch, for a while_loop that stops when the whole batch is done:
   2.13's while_loop has no vmap rule, so the loop runs over the batch and only its body's
   per-element pieces are vmapped (``torch.vmap`` of a step falls back to ``scan``'s full count).
@@ -21,7 +22,7 @@ plain code would.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -30,7 +31,8 @@ from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
 from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
-from diffmj.types import Data
+if TYPE_CHECKING:  # only annotations: this module sits below every physics module (math imports it)
+    from diffmj.types import Data
 
 
 def canonical_layout(out: Data, d: Data) -> Data:
@@ -60,6 +62,44 @@ def canonical_layout(out: Data, d: Data) -> Data:
         return (field + zeros[field.dtype]).contiguous()
 
     return out.apply(canonical, d)
+
+
+class Literal(NamedTuple):
+    """A constant table (torch.tensor(values)) kept as 1-D pieces of at most 8 values and its shape.
+
+    Inside a while_loop / scan body, torch 2.13's inductor never sets the body's tensor constants in
+    the generated module (a SubgraphLowering keeps its own, which the parent does not pass on), so the
+    compiled body fails ("_torchinductor_pyobject_tensor_data_ptr: non-tensor input"); 1-D constants of
+    at most 8 values are the exception, inlined into kernels. RK4's later stages run a whole forward
+    pass as such a body, so every table the physics builds in traced code is made of those pieces.
+    """
+
+    pieces: tuple[tuple, ...]
+    shape: tuple[int, ...]
+
+    @staticmethod
+    def of(values) -> Literal:
+        """The table of nested lists / tuples of numbers (rectangular); make it once (at import) where
+        it is used often: building it is Python work that torch.compile traces at every call."""
+        shape, flat = [], list(values)
+        shape.append(len(flat))
+        while flat and isinstance(flat[0], (list, tuple)):
+            shape.append(len(flat[0]))
+            flat = [x for row in flat for x in row]
+        return Literal(tuple(tuple(flat[i:i + 8]) for i in range(0, len(flat), 8)), tuple(shape))
+
+    def tensor(self, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Tensor:
+        """torch.tensor(values, dtype=dtype, device=device)."""
+        pieces = [torch.tensor(p, dtype=dtype, device=device) for p in self.pieces]
+        if not pieces:
+            return torch.zeros(self.shape, dtype=dtype, device=device)
+        return (pieces[0] if len(pieces) == 1 else torch.cat(pieces)).reshape(self.shape)
+
+
+def literal(values, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Tensor:
+    """torch.tensor(values, dtype=dtype, device=device) for nested lists of numbers, compilable inside a
+    loop body (see Literal)."""
+    return Literal.of(values).tensor(dtype, device)
 
 
 def add_at_distinct(target: Tensor, index: Tensor, values: Tensor) -> Tensor:
@@ -180,6 +220,9 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
                 break
             carry = body(carry)
         return carry
+    # copies: the loops refuse a carry that aliases another input, and a vmapped piece may pass one of
+    # the body's inputs through (without warm start the first iterate is qacc_smooth itself)
+    carry = tuple(c.clone() for c in carry)
     if early_exit and not torch._C._are_functorch_transforms_active():
         count = torch.zeros((), dtype=torch.int64, device=carry[0].device)
 
@@ -189,9 +232,7 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
         def step(i, *c):
             return (i + 1, *body(c))
 
-        # copies: while_loop refuses a carry that aliases another input, and a vmapped piece may pass one of
-        # the body's inputs through (without warm start the first iterate is qacc_smooth itself)
-        return tuple(while_loop(cond, step, (count, *(c.clone() for c in carry)))[1:])
+        return tuple(while_loop(cond, step, (count, *carry))[1:])
 
     def scan_step(c, _):
         return tuple(body(c)), c[0].new_zeros(())  # scan needs an output per step: a dummy

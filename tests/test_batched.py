@@ -70,6 +70,28 @@ def test_compiled_explicit_batch_stops_when_all_converge():
         step(m, out)
 
 
+@pytest.mark.parametrize("batching", ["unbatched", pytest.param("explicit", marks=pytest.mark.slow),
+                                      pytest.param("vmap", marks=pytest.mark.slow)])
+def test_compiled_rk4_traces_its_later_stages_once(batching):
+    """RK4's three later stages (each a forward pass with its solver loop) are one loop body, traced once:
+    the graph holds two loops (the first forward's solver and the stages'; unrolled stages made four),
+    and the compiled step equals eager."""
+    m, batch = arm_batch("RK4", cone="elliptic")
+    fn = {"unbatched": diffmj.step, "explicit": diffmj.step, "vmap": torch.vmap(diffmj.step, in_dims=(None, 0))}
+    d = batch[1] if batching == "unbatched" else batch
+    loops = []
+
+    def backend(gm, example_inputs):  # called again if Dynamo restarts: the last graph counts
+        loops[:] = [node.target for node in gm.graph.nodes
+                    if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)]
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    out = torch.compile(fn[batching], fullgraph=True, backend=backend)(m, d)
+    assert_fields_close(out, diffmj.step(m, d))
+    assert len(loops) == 2, loops  # while_loops, or under vmap scans
+
+
 def test_compiled_batch_loop_runs_until_every_element_is_done():
     """bounded_loop over an explicit batch (a vmapped body inside a while_loop) runs as many passes as
     its slowest element needs and no more: a pass counter that every pass increments shows it."""

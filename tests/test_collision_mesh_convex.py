@@ -24,7 +24,6 @@ from diffmj.collision.common import GeomPose, MeshPose
 from diffmj.collision.driver import collision
 from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.mesh_convex import capsule_mesh, ellipsoid_mesh, mesh_polytope
-from diffmj.smooth import kinematics
 from tests.conftest import (TOL, as_numpy, assert_close, assert_contacts_match, emitted_contacts,
                             finite_gradients_when_lowered, free_pair_model, mujoco_states, vmap_equals_batched)
 from tests.test_collision_convex import SQRT_FACTOR, VALUE_ROUNDING

@@ -25,7 +25,6 @@ from diffmj.collision.common import GeomPose, MeshPose
 from diffmj.collision.driver import collision
 from diffmj.collision.mesh import mesh_shape
 from diffmj.collision.polytope import box_mesh, mesh_mesh
-from diffmj.smooth import kinematics
 from tests.conftest import (CCD_TOL, TOL, as_numpy, assert_close, assert_contacts_match, check_stage,
                             emitted_contacts, finite_gradients_when_lowered, free_pair_model, mujoco_states)
 from tests.test_solver import assert_solution, converged

@@ -8,7 +8,6 @@ wind), plus seeded random models in a fluid (``random_mjcf(seed, fluid=True)``).
 from __future__ import annotations
 
 import mujoco
-import numpy as np
 import pytest
 import torch
 

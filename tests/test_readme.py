@@ -4,7 +4,6 @@ commands name exist."""
 from __future__ import annotations
 
 import itertools
-import os
 import pathlib
 import re
 

@@ -169,3 +169,21 @@ def test_sum_at_equals_index_add():
     expected = torch.zeros(10, 3, dtype=torch.float64).index_add(0, index, values)
     torch.testing.assert_close(diffmj.workarounds.sum_at(10, index, values), expected, rtol=0, atol=1e-15)  # order of sums
     assert diffmj.workarounds.sum_at(4, index[:0], values[:0]).shape == (4, 3)
+
+
+def test_literal_compiles_inside_a_loop_body():
+    """A constant table made in a while_loop's body (RK4's stages run a whole forward pass there): inductor
+    compiles workarounds.literal's, where torch.tensor's [3, 4] table is left unset in the generated code."""
+    table = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]]
+    assert torch.equal(diffmj.workarounds.literal(table, torch.float64), torch.tensor(table, dtype=torch.float64))
+
+    def f(x):
+        def body(carry):
+            done, value = carry
+            scale = diffmj.workarounds.literal(table, value.dtype, value.device)
+            return done.clone(), value @ scale.T @ scale / 1e3
+        return diffmj.workarounds.bounded_loop(body, (torch.zeros((), dtype=torch.bool), x), 3)[1]
+
+    x = torch.linspace(0.0, 1.0, 4, dtype=torch.float64)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), f(x), rtol=1e-14, atol=0)

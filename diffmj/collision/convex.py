@@ -53,7 +53,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from diffmj import workarounds  # the module, not its names: it imports diffmj.types, which imports this
+from diffmj import workarounds
 from diffmj.collision.common import Candidates, GeomPose, compact, make_candidates
 from diffmj.enums import GeomType
 from diffmj.math import MINVAL, cross, dot, mat_t_vec, normalize
@@ -216,7 +216,7 @@ def fibonacci_directions(k: int) -> list[list[float]]:
     return out
 
 
-_LATTICE = fibonacci_directions(40)
+_LATTICE = workarounds.Literal.of(fibonacci_directions(40))
 _CIRCLE = 24  # samples on each segment kink's great circle
 
 
@@ -312,7 +312,7 @@ def _multipliers(u: Tensor, g_free: Tensor, cons: Tensor, active: Tensor) -> Ten
 def _initial_directions(t: _Terms, count: int) -> Tensor:
     """``count`` starting directions [n, count, 3]: the best of a fixed set (a lattice, the
     centre line, the axes and their pairwise normals), each at least 30 degrees from the others."""
-    lattice = t.center.new_tensor(_LATTICE).expand(*t.center.shape[:-1], -1, -1)
+    lattice = _LATTICE.tensor(t.center.dtype, t.center.device).expand(*t.center.shape[:-1], -1, -1)
     axes = torch.cat((t.seg_dir, t.disk_axis, t.ell_mat.transpose(-1, -2).flatten(-3, -2)), -2)
     pairs = [cross(t.seg_dir[..., i, :], t.seg_dir[..., j, :])
              for i in range(t.seg_dir.shape[-2]) for j in range(i)]
@@ -373,7 +373,7 @@ def _snaps(t: _Terms, u: Tensor, seg_act: Tensor, disk_act: Tensor, rank: Tensor
         return u[..., None, :][..., :0, :], seg_act[..., None, :][..., :0, :], \
             disk_act[..., None, :][..., :0, :], seg_act[..., :0]
     shape = (*u.shape[:-1], len(cand))
-    as_mask = lambda rows, width: torch.tensor(rows, dtype=torch.bool, device=u.device).reshape(
+    as_mask = lambda rows, width: workarounds.literal(rows, torch.bool, u.device).reshape(
         len(rows), width).expand(*shape, width)  # noqa: E731
     return (torch.stack(cand, -2), as_mask(add_seg, nseg), as_mask(add_disk, ndisk),
             torch.stack(valid, -1))
@@ -397,7 +397,7 @@ def _releases(t: _Terms, u: Tensor, g: Tensor, cons: Tensor, seg_act: Tensor, di
     mu = _multipliers(u, g, cons, active)
     t1, t2 = _perpendiculars(u)
     c2 = torch.stack((dot(cons, t1[..., None, :]), dot(cons, t2[..., None, :])), -1)  # [n, J, 2]
-    rows = torch.tensor([k for k in range(nseg)] + [nseg + k // 2 for k in range(2 * ndisk)], device=u.device)
+    rows = workarounds.literal([k for k in range(nseg)] + [nseg + k // 2 for k in range(2 * ndisk)], device=u.device)
     groups = torch.arange(ngroup, device=u.device)
     held = active[..., None, :] & (rows != groups[:, None])  # [n, G, J]: the other held kinks
     gram = (held[..., None, None] * c2[..., None, :, :, None] * c2[..., None, :, None, :]).sum(-3)
@@ -695,13 +695,13 @@ def _face_polygon(kind: GeomType, geom: GeomPose, index: Tensor) -> tuple[Tensor
     """Vertices [n, 16, 3] (padded) and vertex count [n] of face ``index`` [n] of a box or cylinder."""
     dtype = geom.pos.dtype
     if kind == GeomType.BOX:
-        signs = torch.tensor(BOX_FACES, dtype=dtype, device=geom.pos.device)  # [6, 4, 3]
+        signs = workarounds.literal(BOX_FACES, dtype, geom.pos.device)  # [6, 4, 3]
         faces = _local_to_world(geom, signs * geom.size[..., None, None, :])  # [n, 6, 4, 3]
         face = torch.take_along_dim(faces, index[..., None, None, None], -3)[..., 0, :, :]
         face = torch.cat((face, face[..., :1, :].expand(*face.shape[:-2], _MAXVERT - 4, 3)), -2)
         return face, torch.full_like(index, 4)
-    cos = torch.tensor(_COS16, dtype=dtype, device=geom.pos.device)
-    sin = torch.tensor(_SIN16, dtype=dtype, device=geom.pos.device)
+    cos = workarounds.literal(_COS16, dtype, geom.pos.device)
+    sin = workarounds.literal(_SIN16, dtype, geom.pos.device)
     radius, half = geom.size[..., 0, None], geom.size[..., 1, None]
     sign = torch.where(index == 0, 1.0, -1.0).to(dtype)[..., None]
     local = torch.stack((radius * cos, sign * (radius * -sin), (sign * half).expand_as(radius * cos)), -1)

@@ -56,6 +56,7 @@ from diffmj.collision.polytope import Polytope, batched, box_polytope, convex_co
 from diffmj.dataclass import PyTreeNode, pytree_dataclass
 from diffmj.enums import GeomType
 from diffmj.math import cross, dot, mat_t_vec, mat_vec
+from diffmj.workarounds import literal
 
 MAX_CONTACTS = 50  # mjMAXCONPAIR: MuJoCo's cap on the contacts of one hfield pair
 
@@ -161,7 +162,7 @@ _TRIANGLES = [[(1, 0), (0, 0), (1, 1)], [(0, 0), (0, 1), (1, 1)]]
 def _prism_polytope(vert: Tensor) -> Polytope:
     """Prisms as polytopes, from their vertices [N, 6, 3] (world)."""
     n, device = vert.shape[:-2], vert.device
-    long = lambda x: torch.tensor(x, dtype=torch.long, device=device).expand(*n, *np.shape(x))  # noqa: E731
+    long = lambda x: literal(x, torch.long, device).expand(*n, *np.shape(x))  # noqa: E731
     poly_vert = long([p + [-1] * (4 - len(p)) for p in _PRISM_POLY_VERT])
     corner = vert[..., [p[0] for p in _PRISM_POLY_VERT], :], vert[..., [p[1] for p in _PRISM_POLY_VERT], :], \
         vert[..., [p[2] for p in _PRISM_POLY_VERT], :]
@@ -210,7 +211,7 @@ def _prisms(hfield: HFieldPose, low: Tensor, high: Tensor) -> tuple[Tensor, Tens
     inside = (row < end[..., 1:]) & (col < end[..., :1])
     step = 2.0 * half / steps  # dx, dy
 
-    corners = torch.tensor(_TRIANGLES, device=row.device)  # [2, 3, 2]
+    corners = literal(_TRIANGLES, device=row.device)  # [2, 3, 2]
     r = (row[..., None, None] + corners[..., 0]).clamp(max=height.shape[-2] - 1)  # [n, K, 2, 3]
     c = (col[..., None, None] + corners[..., 1]).clamp(max=height.shape[-1] - 1)
     x = step[..., None, None, None, 0] * c - half[..., None, None, None, 0]

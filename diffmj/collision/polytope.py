@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from diffmj import workarounds  # the module, not its names: it imports diffmj.types, which imports this
+from diffmj import workarounds
 from diffmj.collision.common import Candidates, GeomPose, MeshPose, single_or_multi
 from diffmj.collision.convex import BOX_FACES, clip_contacts, fibonacci_directions, multicontact_choice
 from diffmj.collision.mesh import facet_edges, incident_edges
@@ -83,14 +83,15 @@ _BOX_POLY_VERT = [[int(np.flatnonzero((_BOX_SIGNS == corner).all(1))[0]) for cor
 _BOX_VERT_POLY = [[2 * i + (1 - (k >> i & 1)) for i in range(3)] for k in range(8)]  # its +-x, +-y, +-z faces
 _BOX_FACETS = [[f[0], f[2], f[1]] for f in _BOX_POLY_VERT] + [[f[0], f[3], f[2]] for f in _BOX_POLY_VERT]
 _BOX_EDGES, _BOX_EDGE_FACETS = facet_edges(_BOX_FACETS)
+_BOX_SIGNS_LITERAL = workarounds.Literal.of(_BOX_SIGNS.tolist())
 _BOX_INCIDENT = [ids + [-1] * (5 - len(ids)) for ids in incident_edges(_BOX_EDGES, 8)]  # 3 to 5 each, -1 padded
 
 
 def box_polytope(box: GeomPose) -> Polytope:
     """A box as a polytope: MuJoCo's corner numbering, face order and vertex order per face (boxFace)."""
     n, device = box.pos.shape[:-1], box.pos.device
-    long = lambda x: torch.tensor(x, dtype=torch.long, device=device).expand(*n, *np.shape(x))  # noqa: E731
-    signs = torch.tensor(_BOX_SIGNS, dtype=box.pos.dtype, device=device)
+    long = lambda x: workarounds.literal(x, torch.long, device).expand(*n, *np.shape(x))  # noqa: E731
+    signs = _BOX_SIGNS_LITERAL.tensor(box.pos.dtype, device)
     local = signs * box.size[..., None, :]
     normal = torch.eye(3, dtype=box.pos.dtype, device=device).repeat_interleave(2, 0) * \
         torch.tensor([1.0, -1.0] * 3, dtype=box.pos.dtype, device=device)[:, None]
@@ -167,7 +168,7 @@ def _neighbours(q: Polytope) -> _Neighbours:
     return _Neighbours(ids, _at(q.vert, ids) - q.vert[..., None, :])
 
 
-_ANCHORS = 64  # directions whose lowest vertices start the hill climbs
+_ANCHORS = workarounds.Literal.of(fibonacci_directions(64))  # directions whose lowest vertices start the hill climbs
 
 
 def _lowest(q: Polytope, neighbour: _Neighbours, direction: Tensor) -> Tensor:
@@ -177,7 +178,7 @@ def _lowest(q: Polytope, neighbour: _Neighbours, direction: Tensor) -> Tensor:
     direction, of q's lowest vertices along a fixed lattice of directions. Each move lowers
     direction . v; on a convex hull a vertex with no lower neighbour is the lowest (to rounding).
     """
-    lattice = direction.new_tensor(fibonacci_directions(_ANCHORS))
+    lattice = _ANCHORS.tensor(direction.dtype, direction.device)
     anchor = (lattice @ q.vert.transpose(-1, -2)).argmin(-1)  # [n, K]
     start = _at(anchor, (direction @ _at(q.vert, anchor).transpose(-1, -2)).argmin(-1))
 
@@ -318,7 +319,7 @@ def _affine_closest(w: Tensor, mask: Tensor, independent: Tensor | None = None) 
 def _closest_on_simplex(w: Tensor, used: Tensor) -> tuple[Tensor, Tensor]:
     """The point of the hull of the used points w [n, 4, 3] nearest the origin: weights [n, 4] and the
     smallest subset of points carrying it [n, 4]."""
-    masks = torch.tensor(_SUBSET_MASK, device=w.device)  # [15, 4]
+    masks = workarounds.literal(_SUBSET_MASK, device=w.device)  # [15, 4]
     lam, independent = _affine_closest(w[..., None, :, :].expand(*w.shape[:-2], len(_SUBSETS), 4, 3), masks)
     inside = independent & (lam >= 0).all(-1) & ~(masks & ~used[..., None, :]).any(-1)
     point = (lam[..., None] * w[..., None, :, :]).sum(-2)

@@ -23,6 +23,7 @@ from diffmj.collision.common import (
     Candidates, GeomPose, axis_onehot, compact, make_candidates, plus_minus, select, take,
 )
 from diffmj.math import MINVAL, cross, dot, mat_t_vec, mat_vec, normalize
+from diffmj.workarounds import literal
 
 
 def _zaxis(mat: Tensor) -> Tensor:
@@ -382,8 +383,8 @@ def capsule_box(capsule: GeomPose, box: GeomPose, margin: Tensor) -> Candidates:
     face_clface = (outside.long() * torch.arange(1, 4, device=device)).amax(-1) - 1
 
     # --- candidates 2..13: segment against each box edge (closest points of two segments)
-    edge_axis = torch.tensor(_EDGE_AXIS, device=device)
-    edge_corner = torch.tensor(_EDGE_CORNER, device=device)
+    edge_axis = literal(_EDGE_AXIS, device=device)
+    edge_corner = literal(_EDGE_CORNER, device=device)
     on_axis = edge_axis[:, None] == torch.arange(3, device=device)  # [12, 3]
     corner_bits = (edge_corner[:, None] >> torch.arange(3, device=device)) & 1
     signs = plus_minus(corner_bits == 1, size.dtype)
