@@ -30,8 +30,12 @@ def _modules():
 
 
 def _diffmj_imports(tree: ast.Module):
-    """(line, imported module, names, at module level) of every import of diffmj."""
+    """(line, imported module, names, at module level) of every import of diffmj (an ``if TYPE_CHECKING:``
+    block at module level counts as module level: annotations only, nothing imported at run time)."""
     top = set(tree.body)
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            top.update(node.body)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("diffmj"):
             names = [a.name for a in node.names]
