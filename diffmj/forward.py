@@ -221,7 +221,7 @@ def _rk4(m: Model, d: Data, mode: BackwardMode, batched: bool) -> Data:
 
     The three later stages are one loop body (workarounds.bounded_loop), so that torch.compile
     traces one forward pass for them, not three; unrolled where a derivative may be asked for
-    (2.13's loops have no autograd).
+    (2.13's loops have no autograd), which under torch.vmap is whenever grad mode is on.
     """
     rate = _each(_rk4_rates, batched)(m, d, torch.zeros_like(d.qvel))
     weighted = tuple(_RK4_B[0] * r for r in rate)
