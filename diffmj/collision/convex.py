@@ -578,6 +578,7 @@ BOX_FACES = (
     ((-1, 1, 1), (1, 1, 1), (1, -1, 1), (-1, -1, 1)),
     ((1, 1, -1), (-1, 1, -1), (-1, -1, -1), (1, -1, -1)),
 )
+_BOX_FACES = workarounds.Literal.of(BOX_FACES)
 _MAXVERT = 16  # vertices of the largest face (a cylinder cap)
 
 
@@ -695,7 +696,7 @@ def _face_polygon(kind: GeomType, geom: GeomPose, index: Tensor) -> tuple[Tensor
     """Vertices [n, 16, 3] (padded) and vertex count [n] of face ``index`` [n] of a box or cylinder."""
     dtype = geom.pos.dtype
     if kind == GeomType.BOX:
-        signs = workarounds.literal(BOX_FACES, dtype, geom.pos.device)  # [6, 4, 3]
+        signs = _BOX_FACES.tensor(dtype, geom.pos.device)  # [6, 4, 3]
         faces = _local_to_world(geom, signs * geom.size[..., None, None, :])  # [n, 6, 4, 3]
         face = torch.take_along_dim(faces, index[..., None, None, None], -3)[..., 0, :, :]
         face = torch.cat((face, face[..., :1, :].expand(*face.shape[:-2], _MAXVERT - 4, 3)), -2)

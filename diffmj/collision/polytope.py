@@ -292,7 +292,7 @@ def _separating_axis(p1: Polytope, p2: Polytope) -> _Axis:
 _GJK_ITERATIONS = 32
 # the 15 sub-simplices of a 4-point simplex, smallest first (a tie goes to the smaller one)
 _SUBSETS = [s for size in range(1, 5) for s in itertools.combinations(range(4), size)]
-_SUBSET_MASK = [[k in s for k in range(4)] for s in _SUBSETS]
+_SUBSET_MASK = workarounds.Literal.of([[k in s for k in range(4)] for s in _SUBSETS])  # once: GJK reads it per iteration
 
 
 def _affine_closest(w: Tensor, mask: Tensor, independent: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -319,7 +319,7 @@ def _affine_closest(w: Tensor, mask: Tensor, independent: Tensor | None = None) 
 def _closest_on_simplex(w: Tensor, used: Tensor) -> tuple[Tensor, Tensor]:
     """The point of the hull of the used points w [n, 4, 3] nearest the origin: weights [n, 4] and the
     smallest subset of points carrying it [n, 4]."""
-    masks = workarounds.literal(_SUBSET_MASK, device=w.device)  # [15, 4]
+    masks = _SUBSET_MASK.tensor(device=w.device)  # [15, 4]
     lam, independent = _affine_closest(w[..., None, :, :].expand(*w.shape[:-2], len(_SUBSETS), 4, 3), masks)
     inside = independent & (lam >= 0).all(-1) & ~(masks & ~used[..., None, :]).any(-1)
     point = (lam[..., None] * w[..., None, :, :]).sum(-2)
