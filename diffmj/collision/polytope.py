@@ -292,7 +292,8 @@ def _separating_axis(p1: Polytope, p2: Polytope) -> _Axis:
 _GJK_ITERATIONS = 32
 # the 15 sub-simplices of a 4-point simplex, smallest first (a tie goes to the smaller one)
 _SUBSETS = [s for size in range(1, 5) for s in itertools.combinations(range(4), size)]
-_SUBSET_MASK = workarounds.Literal.of([[k in s for k in range(4)] for s in _SUBSETS])  # once: GJK reads it per iteration
+# made once: GJK reads it at every iteration
+_SUBSET_MASK = workarounds.Literal.of([[k in s for k in range(4)] for s in _SUBSETS])
 
 
 def _affine_closest(w: Tensor, mask: Tensor, independent: Tensor | None = None) -> tuple[Tensor, Tensor]:
