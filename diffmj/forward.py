@@ -235,8 +235,9 @@ def _rk4(m: Model, d: Data, mode: BackwardMode, batched: bool) -> Data:
         last = run_forward(m, stage, mode, sensors=False, batched=batched)  # like MuJoCo, stages skip sensors
         rate = _each(_rk4_rates, batched)(m, last, dpos)
         weighted = tuple(w + b * r for w, r in zip(weighted, rate))
-        # copies: a loop's outputs must not alias its inputs (fields forward() passes through: ctrl, ...)
-        return done.clone(), j + 1, *rate, *weighted, *(t.clone() for t in pytree.tree_leaves(last))
+        # copies: a compiled loop's outputs must not alias its inputs (fields forward() passes through: ctrl, ...)
+        copy = Tensor.clone if torch.compiler.is_compiling() else (lambda t: t)
+        return copy(done), j + 1, *rate, *weighted, *map(copy, pytree.tree_leaves(last))
 
     start = (torch.zeros((), dtype=torch.bool, device=m.device), torch.zeros((), dtype=torch.int64, device=m.device))
     unroll = derivative_requested(t for t in (*leaves, *pytree.tree_leaves(m)) if isinstance(t, Tensor))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 
 import torch
-from tensordict import tensorclass
+from tensordict import TensorDict, tensorclass
 from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
@@ -387,6 +387,10 @@ class Contact:
     solimp: Tensor  # [ncon, 5]
     active: Tensor  # [ncon] bool
 
+    def replace(self, **changes) -> Contact:
+        """A new Contact with the named fields replaced, the others shared (as ``Data.replace``)."""
+        return _replaced(self, changes)
+
 
 @tensorclass
 class Data:
@@ -472,6 +476,11 @@ class Data:
     cfrc_int: Tensor  # [nbody, 6] com-based interaction force with the parent body
     cfrc_ext: Tensor  # [nbody, 6] com-based external force on the body
 
+    def replace(self, **changes) -> Data:
+        """A new Data with the named fields replaced and the others shared (not copied); each value
+        must have this Data's batch dims in front (``ValueError`` otherwise)."""
+        return _replaced(self, changes)
+
     def to(self, *args, **kwargs) -> Data:
         """This Data on another device and/or float dtype (``d.to(torch.float32)``,
         ``d.to("cuda")``, ``d.to(device=..., dtype=...)``); boolean and integer fields keep
@@ -491,6 +500,35 @@ class Data:
             return x.to(dtype) if dtype is not None and x.is_floating_point() else x
 
         return self.apply(move)
+
+
+def _replaced(record: Data | Contact, changes: dict[str, Tensor | Contact]) -> Data | Contact:
+    """record (a Data or Contact) with the named fields replaced and the others shared.
+
+    A step replaces fields a dozen times or more; tensordict's generic ``replace`` copies and
+    validates every entry each time (~0.3 ms eager for a Data, ~10k bytecodes for Dynamo to
+    trace), so the new TensorDict is built from the old one's entries directly: what
+    ``TensorDict._new_unsafe`` and tensorclass's ``_from_tensordict`` set, without their per-entry
+    checks (``tests/test_io.py`` compares the result with tensordict's own replace).
+    """
+    cls, storage = type(record), record._tensordict
+    batch = tuple(storage.batch_size)
+    for name, value in changes.items():
+        if name not in cls.__dataclass_fields__:
+            raise ValueError(f"{cls.__name__} has no field {name!r}")
+        if tuple(value.shape[: len(batch)]) != batch:
+            raise ValueError(f"{cls.__name__}.replace: {name} has shape {tuple(value.shape)}, "
+                             f"its leading dims must be the batch {batch}")
+    new_storage = TensorDict.__new__(TensorDict)
+    object.__setattr__(new_storage, "_tensordict", {**storage._tensordict, **changes})
+    object.__setattr__(new_storage, "_batch_size", storage._batch_size)
+    object.__setattr__(new_storage, "_device", storage._device)
+    object.__setattr__(new_storage, "_td_dim_names", storage._td_dim_names)
+    new = cls.__new__(cls)
+    object.__setattr__(new, "_tensordict", new_storage)
+    object.__setattr__(new, "_non_tensordict", {})
+    return new
+
 
 # ---- the role of each Data field; make_data / put_data / get_data and checkpointed rollouts read these,
 # and a test checks that every field has exactly one

@@ -55,6 +55,37 @@ def test_data_to_casts_floats_only():
         d.to(torch.int32)
 
 
+@pytest.mark.parametrize("batch_shape", [(), (2,)])
+def test_data_replace_equals_tensordicts_own(batch_shape):
+    """Data.replace builds its TensorDict from tensordict's internals: the result must be what
+    tensordict's generic replace gives, share the fields it does not replace, batch and stack."""
+    m = diffmj.load(MODELS / "contacts.xml")
+    d = diffmj.make_data(m, batch_shape=batch_shape)
+    qpos, dist = torch.rand_like(d.qpos), torch.zeros_like(d.contact.dist)
+    contact = d.contact.replace(dist=dist)
+    generic_contact = type(contact).from_tensordict(d.contact._tensordict.replace(dist=dist))
+    assert type(contact) is type(generic_contact) and contact.batch_size == generic_contact.batch_size
+    fast = d.replace(qpos=qpos, contact=contact)
+    generic = type(d).from_tensordict(d._tensordict.replace(qpos=qpos, contact=contact))
+    assert type(fast) is type(generic) is diffmj.Data
+    assert fast.batch_size == generic.batch_size == d.batch_size and fast.device == generic.device
+    assert set(fast._tensordict.keys()) == set(generic._tensordict.keys())
+    for name in {field.name for field in dataclasses.fields(diffmj.Data)} - {"contact"}:
+        assert getattr(fast, name) is getattr(generic, name), name
+    for field in dataclasses.fields(diffmj.types.Contact):
+        assert getattr(fast.contact, field.name) is getattr(generic.contact, field.name), field.name
+        assert getattr(contact, field.name) is getattr(generic_contact, field.name), field.name
+    assert d.qpos is not qpos and fast.qpos is qpos and fast.contact.dist.eq(0).all()
+    if batch_shape:
+        both = torch.stack([fast[1], fast[0]])
+        assert both.batch_size == (2,) and torch.equal(both.qpos[0], qpos[1])
+        assert torch.equal(torch.vmap(lambda x: x.replace(qvel=x.qvel + 1).qvel)(fast), d.qvel + 1)
+    with pytest.raises(ValueError, match="no field 'qpso'"):
+        d.replace(qpso=qpos)
+    with pytest.raises(ValueError, match="leading dims must be the batch"):
+        diffmj.make_data(m, batch_shape=(2,)).replace(qvel=torch.zeros(3, m.nv))
+
+
 def test_options_take_effect_or_are_refused():
     """Options read at run time take effect when replaced; those put_model built plans from
     (cone, planned disable flags, disableactuator) are refused with a ValueError."""

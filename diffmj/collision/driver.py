@@ -159,6 +159,6 @@ def collision(m: Model, d: Data) -> Data:
         solreffriction=per_contact["solreffriction"],
         solimp=per_contact["solimp"],
         active=found.dist < includemargin,
-        batch_size=[],
+        batch_size=d.batch_size,
     )
     return d.replace(contact=contact)
