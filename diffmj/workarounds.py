@@ -74,7 +74,8 @@ def canonical_layout(out: Data, d: Data) -> Data:
 
 
 class Literal(NamedTuple):
-    """A constant table (torch.tensor(values)), its values flat with its shape; traced, it is built from 1-D pieces of at most 8 values.
+    """A constant table (torch.tensor(values)): its values, flat, and its shape; traced, it is built
+    from 1-D pieces of at most 8 values.
 
     Inside a while_loop / scan body, torch 2.13's inductor never sets the body's tensor constants in
     the generated module (a SubgraphLowering keeps its own, which the parent does not pass on), so the
