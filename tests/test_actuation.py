@@ -100,6 +100,7 @@ def test_vmap_equals_loop_and_gradients_are_finite(model):
     assert grads["ctrl"].abs().max() > 0 and grads["actuator_gainprm"].abs().max() > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MUSCLE_AND_DCMOTOR)
 def test_compiled_actuation_equals_eager(model):
     """The stage and its velocity derivative compiled (fullgraph, vmapped); the whole step: slow test below."""

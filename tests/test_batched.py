@@ -55,6 +55,7 @@ def _compile_recording_ops(fn, ops: set):
     return torch.compile(fn, fullgraph=True, backend=backend)
 
 
+@pytest.mark.slow
 def test_compiled_explicit_batch_stops_when_all_converge():
     """Compiled, the batch's solver loop and its line searches are while_loops (no scan: no full count),
     with eager's result, and the step fed its own output does not recompile. implicitfast: the free
@@ -70,8 +71,8 @@ def test_compiled_explicit_batch_stops_when_all_converge():
         step(m, out)
 
 
-@pytest.mark.parametrize("batching", ["unbatched", pytest.param("explicit", marks=pytest.mark.slow),
-                                      pytest.param("vmap", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("batching", ["unbatched", "explicit", "vmap"])
 def test_compiled_rk4_traces_its_later_stages_once(batching):
     """RK4's three later stages (each a forward pass with its solver loop) are one loop body, traced once:
     the graph holds two loops (the first forward's solver and the stages'; unrolled stages made four),
@@ -154,7 +155,7 @@ def test_jvp_through_explicit_batch_under_no_grad_equals_each_element():
     assert_close("tangent", tangent, expected, 1e-10)
 
 
-@pytest.mark.slow  # minutes of compile (the default suite compiles the explicit batch once, above)
+@pytest.mark.slow  # minutes of compile (test_compiled_explicit_batch_stops_when_all_converge compiles it once)
 @pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "explicit-batch"])
 def test_compiled_step_without_warm_start_equals_eager(batched):
     """Without warm start the solver's first iterate is qacc_smooth itself, an input the loop's body also
@@ -171,7 +172,7 @@ FREE_BOX_IMPLICITFAST = """<mujoco><option integrator="implicitfast"/><worldbody
 <body pos="0 0 .2"><freejoint/><geom type="box" size=".1 .1 .1"/></body></worldbody></mujoco>"""
 
 
-@pytest.mark.slow  # the default suite compiles an implicitfast explicit batch in test_compiled_explicit_batch_stops...
+@pytest.mark.slow  # test_compiled_explicit_batch_stops_when_all_converge compiles an implicitfast explicit batch
 @pytest.mark.parametrize("batching", ["explicit", "vmap"])
 def test_compiled_batch_of_free_body_with_implicitfast_equals_eager(batching):
     """implicitfast solves a free body's 6x6 block with the bias derivative (bias_vel), which compiles under a

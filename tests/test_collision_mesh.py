@@ -185,6 +185,7 @@ def test_vmap_equals_loop():
     _assert_vmap_over_pairs(plane_mesh, m, ds[0])
 
 
+@pytest.mark.slow
 def test_compiled_equals_eager():
     mjm = _plane_model(0.01)
     m = diffmj.put_model(mjm)

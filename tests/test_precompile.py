@@ -31,6 +31,7 @@ def _count_compiles(monkeypatch) -> list:
     return compiles
 
 
+@pytest.mark.slow
 def test_saved_step_loads_in_a_new_process_and_equals_eager(tmp_path):
     """The pendulum's step compiled here is loaded, not compiled, by another process, and equals eager."""
     m = diffmj.load(MODELS / "pendulum.xml")

@@ -61,7 +61,8 @@ def _compare(m, d, ctrl, backend, tol, **kwargs):
         assert_close(f"d loss / d {name} ({kwargs})", grads[name], grad, tol)
 
 
-@pytest.mark.parametrize("batched", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["unbatched", "batched"])
+@pytest.mark.slow
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
 def test_compiled_rollout_equals_eager(arm_on_box, counter, batched):
     """Values and gradients through contacts equal eager's, with the full tape and checkpointed; a longer
     rollout and one without grad run the graphs the first ones compiled (no recompiles over time steps)."""
@@ -89,8 +90,8 @@ def _linear_policy(params, x):
     return torch.tanh(params["K"] @ x + params["b"])
 
 
-@pytest.mark.parametrize("batched", [False, pytest.param(True, marks=pytest.mark.slow)],
-                         ids=["unbatched", "batched"])
+@pytest.mark.slow
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "batched"])
 def test_compiled_policy_rollout_equals_eager(arm_on_box, counter, batched):
     """rollout_policy: the policy runs inside each compiled step; values and gradients w.r.t. its weights, a
     model parameter and the initial state equal eager's, checkpointed; for a batch of initial states too."""

@@ -100,10 +100,11 @@ def test_jac_and_apply_ft(smooth_model, seed):
     assert_close("apply_ft", qfrc, expected_qfrc)
 
 
+@pytest.mark.slow
 def test_compiled_kinematics_equals_eager():
     """Kinematics (every joint type) compiled by inductor equals eager: a formulation of the quaternion
     products that inductor miscompiled in this composition (xpos off by 2.5e-2 here, each product alone exact)
-    would fail here and nowhere else in the default suite."""
+    would fail here and nowhere else."""
     mjm = mj_model("chain")
     m = diffmj.put_model(mjm)
     d = diffmj.put_data(m, random_state(mjm, 0))

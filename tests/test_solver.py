@@ -77,6 +77,7 @@ def test_contact_model(cone, solver):
         _check_forward(mjm, mjd)
 
 
+@pytest.mark.slow
 def test_elliptic_cg_reaches_the_optimum():
     """MuJoCo's CG stalls on elliptic cones before converging, so diffmj's CG is checked
     against MuJoCo's converged Newton solution (the optimum is unique)."""
@@ -89,7 +90,7 @@ def test_elliptic_cg_reaches_the_optimum():
         assert_solution(m, out, reference, mjd)
 
 
-@pytest.mark.parametrize("solver", ["newton", "cg"])
+@pytest.mark.parametrize("solver", ["newton", pytest.param("cg", marks=pytest.mark.slow)])
 def test_equality_friction_limit_model(solver):
     mjm = converged(mj_model("constraints"), solver=solver)
     for seed in range(3):
@@ -133,6 +134,7 @@ def small_contact_model():
     return mjm, diffmj.put_model(mjm)
 
 
+@pytest.mark.slow
 def test_compiled_vmap_step_on_contact_model(small_contact_model):
     """torch.compile(vmap(step), fullgraph=True) with inductor equals eager on a contact model."""
     mjm, m = small_contact_model
@@ -175,9 +177,9 @@ def _compile_recording_ops(fn, ops: set):
     return torch.compile(fn, fullgraph=True, backend=backend)
 
 
-@pytest.mark.parametrize("iterations", [pytest.param(1, marks=pytest.mark.slow), 10])
-# the vmapped loop (scan) in the slow suite: test_compiled_vmap_step_on_contact_model compiles it by default
-@pytest.mark.parametrize("batched", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["unbatched", "vmap"])
+@pytest.mark.slow
+@pytest.mark.parametrize("iterations", [1, 10])
+@pytest.mark.parametrize("batched", [False, True], ids=["unbatched", "vmap"])
 def test_compiled_solver_loop_is_traced_once(iterations, batched):
     """Under compile the solver's loop is one while_loop (unbatched) or scan (vmap), not unrolled,
     and gives eager's result to the bit (tolerance 0: every iteration runs)."""
@@ -196,6 +198,7 @@ def test_compiled_solver_loop_is_traced_once(iterations, batched):
         assert torch.equal(getattr(out, name), getattr(eager, name)), name
 
 
+@pytest.mark.slow
 def test_compiled_early_exit_equals_fixed_count():
     """An unbatched compiled step stops when converged (while_loop): the same as eager's early stop,
     and as the full count (early_exit=False) with converged islands frozen (to rounding)."""
@@ -213,6 +216,7 @@ def test_compiled_early_exit_equals_fixed_count():
         assert torch.equal(getattr(early, name), getattr(diffmj.step(m, d), name)), name
 
 
+@pytest.mark.slow
 def test_fixed_iteration_count_mode(monkeypatch):
     """put_model(early_exit=False) runs the full count and never reads ``done`` on the host: eager asks no
     all_true, a compiled unbatched step is a scan (not a while_loop); results equal early exit's (converged

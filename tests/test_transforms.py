@@ -51,6 +51,7 @@ def compiled_step():
     return {dtype: torch.compile(diffmj.step, fullgraph=True) for dtype in (torch.float64, torch.float32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_compiled_step_equals_eager(compiled_step, dtype):
     mjm = mj_model("pendulum")
