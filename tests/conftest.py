@@ -198,14 +198,20 @@ def settled_state(mjm: mujoco.MjModel, steps: int, seed: int = 0, ctrl_scale: fl
     return mjd
 
 
-@pytest.fixture(scope="module")
-def arm_on_box():
-    """ARM_ON_BOX (6 iterations) settled for 40 steps: contact and limit rows active (small, cheap to compile)."""
-    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=6))
+def settled_arm_on_box(iterations: int, ls_iterations: int = 8) -> tuple[diffmj.Model, diffmj.Data]:
+    """ARM_ON_BOX with these solver limits, settled for 40 steps: contact and limit rows active."""
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=iterations))
+    mjm.opt.ls_iterations = ls_iterations
     m = diffmj.put_model(mjm)
     d = diffmj.put_data(m, settled_state(mjm, 40))
     assert bool(diffmj.forward(m, d).efc_active.any())
     return m, d
+
+
+@pytest.fixture(scope="module")
+def arm_on_box():
+    """ARM_ON_BOX (6 iterations) settled for 40 steps (small, cheap to compile)."""
+    return settled_arm_on_box(6)
 
 
 # ---------------------------------------------------------------- stage tests

@@ -16,6 +16,7 @@ from tests.conftest import (
     assert_close,
     mj_model,
     random_state,
+    settled_arm_on_box,
     settled_state,
 )
 from tests.test_solver import converged
@@ -158,11 +159,7 @@ def test_compiled_vmap_grad_on_contact_model():
     One solver iteration of at most two line-search steps: under grad the solver's loops are unrolled,
     and ARM_ON_BOX's 6 x 8 took 19 minutes to compile cold on 2 cores (this: 3.4).
     """
-    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=1).replace('ls_iterations="8"',
-                                                                                 'ls_iterations="2"'))
-    m = diffmj.put_model(mjm)
-    d = diffmj.put_data(m, settled_state(mjm, 40))
-    assert bool(diffmj.forward(m, d).efc_active.any())
+    m, d = settled_arm_on_box(iterations=1, ls_iterations=2)
     loss = _step_loss(m, d)
     ctrls = torch.linspace(-0.5, 0.5, 3, dtype=m.dtype)[:, None]
     eager = torch.vmap(torch.func.grad(loss, has_aux=True))(ctrls)
