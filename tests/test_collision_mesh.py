@@ -88,6 +88,18 @@ def test_plane_mesh_matches_mujoco(margin):
     assert counts.count(0) > 20 and counts.count(4) > 20 and counts.count(2) > 5  # all outcomes exercised
 
 
+def test_only_the_hull_vertices_are_kept():
+    """A point cloud's interior vertices are no part of the geom: the padded arrays hold the hull's (the
+    200-point cloud's hull has 22); every mesh's kept vertices are its hull graph's (meshes in geom order)."""
+    mjm = _plane_model(0.0)
+    meshes = diffmj.put_model(mjm).collision_plan.meshes
+    hull = [int(mjm.mesh_graph[mjm.mesh_graphadr[k]]) if mjm.mesh_vertnum[k] >= 10 else mjm.mesh_vertnum[k]
+            for k in range(mjm.nmesh)]
+    assert meshes.vert.shape[1] == max(hull) < mjm.mesh_vertnum.max() / 2
+    for k in range(mjm.nmesh):
+        assert meshes.on_hull[k].sum() == hull[k]
+
+
 def _sphere_model() -> mujoco.MjModel:
     """A free sphere and free meshes (random hulls, the prism, the box), each colliding with the sphere."""
     meshes = _meshes(np.random.default_rng(2))[:5]

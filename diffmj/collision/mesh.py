@@ -7,8 +7,9 @@ stores the hull's faces merged into polygons (``mesh_polyvert``,
 the model's largest mesh so that all pairs of one type pair are collided in
 one batch (and under ``torch.vmap`` / ``torch.compile``):
 
-* ``vert`` [nmesh, V, 3]: the mesh's vertices (MuJoCo's float32 values),
-  padded with copies of vertex 0. A support point (the vertex farthest along
+* ``vert`` [nmesh, V, 3]: the mesh's vertices that collision can see (those of
+  its hull and polygons: MuJoCo's float32 values; a visual mesh's interior
+  vertices are left out), padded with copies of vertex 0. A support point (the vertex farthest along
   a direction) is an ``argmax`` over them: a copy never beats the original
   (``argmax`` returns the first of equals), so padding is never chosen.
 * ``vert_poly`` [nmesh, V, P], ``poly_vert`` [nmesh, F, K]: ids, -1 padded.
@@ -82,23 +83,11 @@ def mesh_unsupported(mjm: mujoco.MjModel, mesh: int) -> str | None:
     return None
 
 
-def _mesh_arrays(mjm: mujoco.MjModel, mesh: int) -> tuple[np.ndarray, list[list[int]], list[list[int]], np.ndarray]:
-    """Vertices [nvert, 3], polygons at each vertex, vertices of each polygon, polygon normals [npoly, 3]."""
-    vertadr, nvert = mjm.mesh_vertadr[mesh], mjm.mesh_vertnum[mesh]
-    polyadr, npoly = mjm.mesh_polyadr[mesh], mjm.mesh_polynum[mesh]
-    vert = np.asarray(mjm.mesh_vert[vertadr: vertadr + nvert], np.float64)
-    mapadr, mapnum = mjm.mesh_polymapadr[vertadr: vertadr + nvert], mjm.mesh_polymapnum[vertadr: vertadr + nvert]
-    vert_poly = [list(mjm.mesh_polymap[a: a + k]) for a, k in zip(mapadr, mapnum)]
-    adr, num = mjm.mesh_polyvertadr[polyadr: polyadr + npoly], mjm.mesh_polyvertnum[polyadr: polyadr + npoly]
-    poly_vert = [list(mjm.mesh_polyvert[a: a + k]) for a, k in zip(adr, num)]
-    return vert, vert_poly, poly_vert, np.asarray(mjm.mesh_polynormal[polyadr: polyadr + npoly], np.float64)
-
-
 _HILLCLIMB_MIN = 10  # mjMESH_HILLCLIMB_MIN: meshes with fewer vertices are searched vertex by vertex
 
 
 def _on_hull(mjm: mujoco.MjModel, mesh: int) -> np.ndarray:
-    """Which vertices MuJoCo's mesh support function may return (see module doc)."""
+    """Which of the mesh's vertices MuJoCo's mesh support function may return (see module doc)."""
     nvert = mjm.mesh_vertnum[mesh]
     if nvert < _HILLCLIMB_MIN:
         return np.ones(nvert, bool)
@@ -107,6 +96,29 @@ def _on_hull(mjm: mujoco.MjModel, mesh: int) -> np.ndarray:
     out = np.zeros(nvert, bool)
     out[graph[2 + numvert: 2 + 2 * numvert]] = True
     return out
+
+
+def _mesh_arrays(mjm: mujoco.MjModel, mesh: int) \
+        -> tuple[np.ndarray, list[list[int]], list[list[int]], np.ndarray, np.ndarray]:
+    """Vertices [nvert, 3], polygons at each vertex, vertices of each polygon, polygon normals [npoly, 3],
+    on_hull [nvert].
+
+    Only the vertices collision can see are kept: the hull's and the polygons' (a visual mesh's
+    interior vertices, often most of them, would only pad every mesh's arrays); ids count the kept ones.
+    """
+    vertadr, nvert = mjm.mesh_vertadr[mesh], mjm.mesh_vertnum[mesh]
+    polyadr, npoly = mjm.mesh_polyadr[mesh], mjm.mesh_polynum[mesh]
+    adr, num = mjm.mesh_polyvertadr[polyadr: polyadr + npoly], mjm.mesh_polyvertnum[polyadr: polyadr + npoly]
+    poly_vert = [mjm.mesh_polyvert[a: a + k] for a, k in zip(adr, num)]
+    on_hull = _on_hull(mjm, mesh)
+    kept = on_hull.copy()
+    kept[np.concatenate(poly_vert)] = True
+    new_id = np.cumsum(kept) - 1
+    mapadr, mapnum = mjm.mesh_polymapadr[vertadr: vertadr + nvert], mjm.mesh_polymapnum[vertadr: vertadr + nvert]
+    vert_poly = [list(mjm.mesh_polymap[mapadr[v]: mapadr[v] + mapnum[v]]) for v in np.flatnonzero(kept)]
+    vert = np.asarray(mjm.mesh_vert[vertadr: vertadr + nvert], np.float64)[kept]
+    normal = np.asarray(mjm.mesh_polynormal[polyadr: polyadr + npoly], np.float64)
+    return vert, vert_poly, [new_id[ids].tolist() for ids in poly_vert], normal, on_hull[kept]
 
 
 def _facets(vert: np.ndarray, on_hull: np.ndarray) -> list[list[int]]:
@@ -162,7 +174,7 @@ def build_meshes(mjm: mujoco.MjModel, meshes: list[int], dtype: torch.dtype, dev
                 out[i, j, :len(r)] = r
         return out
 
-    hull = [_on_hull(mjm, k) for k in meshes]
+    hull = [p[4] for p in parts]
     facets = [_facets(p[0], on) for p, on in zip(parts, hull)]
     edges = [facet_edges(f) for f in facets]
     nedge = max((len(e) for e, _ in edges), default=1)
