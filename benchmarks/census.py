@@ -51,6 +51,7 @@ import json
 import os
 import queue
 import re
+import resource
 import subprocess
 import sys
 import threading
@@ -73,6 +74,7 @@ import harness  # noqa: E402
 from step_throughput import machine_info  # noqa: E402
 
 TOL = 1e-9
+MEMORY_GIB = 8.0  # address space of a worker: two side by side leave room on a 24 GiB machine
 FORWARD_FIELDS = ("xpos", "xquat", "qfrc_bias", "qfrc_passive", "actuator_force", "sensordata", "qacc")
 STEP_FIELDS = ("qpos", "qvel", "act")
 QPOS_NOISE = 0.02  # rad or m per dof, applied as a velocity integrated for one unit of time
@@ -421,8 +423,12 @@ def exact_contact_errors(mjm: mujoco.MjModel, m: diffmj.Model, states: int, step
     return out | {"error": max_error(errors)}
 
 
-def serve(states: int, steps: int, tol: float) -> None:
-    """The worker: examine each path read from stdin, answering with one JSON line per path."""
+def serve(states: int, steps: int, tol: float, memory_gib: float) -> None:
+    """The worker: examine each path read from stdin, answering with one JSON line per path. Its address
+    space is limited to ``memory_gib``: a model that needs more is recorded as an allocation error, where
+    the kernel's out-of-memory killer would pick a process of its own choosing."""
+    limit = int(memory_gib * 2 ** 30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     torch.set_num_threads(1)
     for line in sys.stdin:
         print(harness.JSON_PREFIX + json.dumps(jsonable(examine(line.rstrip("\n"), states, steps, tol))), flush=True)
@@ -431,9 +437,9 @@ def serve(states: int, steps: int, tol: float) -> None:
 class Worker:
     """A worker process (``census.py --serve``), replaced when a model runs past the timeout or kills it."""
 
-    def __init__(self, states: int, steps: int, tol: float):
+    def __init__(self, states: int, steps: int, tol: float, memory_gib: float = MEMORY_GIB):
         self.command = [sys.executable, __file__, "--serve", "--states", str(states), "--steps", str(steps),
-                        "--tol", repr(tol)]
+                        "--tol", repr(tol), "--memory", repr(memory_gib)]
         self.process = None
 
     def _start(self) -> None:
@@ -582,11 +588,12 @@ def jsonable(x):
 
 
 def run_census(folders: dict[str, Path], timeout: float, states: int, steps: int, tol: float,
-               exclude: list[str] = (), out: Path | None = None, header: dict | None = None) -> list[dict]:
+               exclude: list[str] = (), out: Path | None = None, header: dict | None = None,
+               memory_gib: float = MEMORY_GIB) -> list[dict]:
     """Examine every MJCF file of ``folders`` (but those ``exclude`` matches); print a line per model;
     write JSON after each when ``out``."""
     files = [(name, folder, path) for name, folder in folders.items() for path in model_files(folder, exclude)]
-    worker = Worker(states, steps, tol)
+    worker = Worker(states, steps, tol, memory_gib)
     records = []
     try:
         for i, (name, folder, path) in enumerate(files, 1):
@@ -608,6 +615,8 @@ def main() -> None:
     parser.add_argument("--states", type=int, default=2, help="initial states per model")
     parser.add_argument("--steps", type=int, default=10, help="steps per initial state")
     parser.add_argument("--tol", type=float, default=TOL, help="largest error of a match")
+    parser.add_argument("--memory", type=float, default=MEMORY_GIB,
+                        help="GiB of address space allowed to the worker")
     parser.add_argument("--exclude", nargs="*", default=[], metavar="PATTERN",
                         help="skip files whose path in their collection matches (fnmatch; --table: leave out)")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "census.json")
@@ -616,7 +625,7 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the worker process
     args = parser.parse_args()
     if args.serve:
-        serve(args.states, args.steps, args.tol)
+        serve(args.states, args.steps, args.tol, args.memory)
         return
     if args.table:
         runs = [json.loads(path.read_text()) for path in args.table]
@@ -634,7 +643,8 @@ def main() -> None:
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "table", "merged", "serve")} | {"folders": {
         k: str(v) for k, v in folders.items()}}
     header = {"machine": machine_info(), "settings": settings}
-    records = run_census(folders, args.timeout, args.states, args.steps, args.tol, args.exclude, args.out, header)
+    records = run_census(folders, args.timeout, args.states, args.steps, args.tol, args.exclude, args.out, header,
+                         args.memory)
     header["machine"]["load_average_end"] = os.getloadavg()
     args.out.write_text(json.dumps(jsonable(header | {"records": records}), indent=1) + "\n")
     print(summary_tables(records, args.tol))
