@@ -86,6 +86,7 @@ class Literal(NamedTuple):
 
     values: tuple  # flat, row-major
     shape: tuple[int, ...]
+    eager: dict  # (dtype, device) -> the tensor made for eager calls, made once: a constant, never written to
 
     @staticmethod
     def of(values) -> Literal:
@@ -96,12 +97,19 @@ class Literal(NamedTuple):
         while flat and isinstance(flat[0], (list, tuple)):
             shape.append(len(flat[0]))
             flat = [x for row in flat for x in row]
-        return Literal(tuple(flat), tuple(shape))
+        return Literal(tuple(flat), tuple(shape), {})
 
     def tensor(self, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Tensor:
         """torch.tensor(values, dtype=dtype, device=device); traced, from pieces of at most 8 values."""
-        if not torch.compiler.is_compiling():  # eager: one tensor, no pieces to build and join
-            return torch.tensor(self.values, dtype=dtype, device=device).reshape(self.shape)
+        if not torch.compiler.is_compiling():  # eager: one tensor, made at the first call
+            key = (dtype, device)
+            if key not in self.eager:
+                with torch.inference_mode(False):  # usable outside an inference_mode block it was made in
+                    table = torch.tensor(self.values, dtype=dtype, device=device).reshape(self.shape)
+                if type(table) is not torch.Tensor:  # a fake or other subclass tensor (tracing): not kept
+                    return table
+                self.eager[key] = table
+            return self.eager[key]
         pieces = [torch.tensor(self.values[i:i + 8], dtype=dtype, device=device)
                   for i in range(0, len(self.values), 8)]
         if not pieces:

@@ -188,3 +188,19 @@ def test_literal_compiles_inside_a_loop_body():
     x = torch.linspace(0.0, 1.0, 4, dtype=torch.float64)
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), f(x), rtol=1e-14, atol=0)
+
+
+def test_literal_eager_table_is_made_once_and_usable_with_autograd():
+    """Eager calls share one tensor per dtype and device; the first made inside inference_mode is still a
+    normal tensor (an inference tensor cannot be saved for backward), and traced calls do not see it."""
+    table = diffmj.workarounds.Literal.of(((1.0, 2.0), (3.0, 4.0)))
+    with torch.inference_mode():
+        first = table.tensor(torch.float64)
+    assert table.tensor(torch.float64) is first and not first.is_inference()
+    assert table.tensor(torch.float32) is not first
+    x = torch.ones(2, dtype=torch.float64, requires_grad=True)
+    (table.tensor(torch.float64) @ x).sum().backward()
+    assert x.grad.tolist() == [4.0, 6.0]
+    torch._dynamo.reset()
+    traced = torch.compile(lambda y: table.tensor(torch.float64) @ y, fullgraph=True, backend="aot_eager")
+    assert traced(x.detach()).tolist() == [3.0, 7.0] and len(table.eager) == 2
