@@ -136,11 +136,12 @@ def compact(valid: Tensor, k: int, *values: Tensor) -> tuple[Tensor, ...]:
     ``con[cnt++]`` with a cap of k. Unfilled slots copy entry 0 (finite) and
     are marked invalid.
     """
-    rank = torch.cumsum(valid.long(), -1) - 1
-    slots = torch.arange(k, device=valid.device)
-    hit = valid[..., :, None] & (rank[..., :, None] == slots)  # [..., m, k]
-    index = hit.long().argmax(-2)  # entry filling each slot (0 if none)
-    out = [hit.any(-2)]
+    count = torch.cumsum(valid.long(), -1)  # [..., m], nondecreasing: rises by one at each valid entry
+    wanted = torch.arange(1, k + 1, device=valid.device).expand(*valid.shape[:-1], k).contiguous()
+    index = torch.searchsorted(count, wanted)  # [..., k] the first entry whose count reaches slot + 1
+    filled = index < valid.shape[-1]
+    index = torch.where(filled, index, 0)  # unfilled slots read entry 0
+    out = [filled]
     for v in values:
         if v.dim() == valid.dim():
             out.append(torch.take_along_dim(v, index, -1))
