@@ -37,6 +37,7 @@ import copy
 import mujoco
 import numpy as np
 import pytest
+import torch
 
 import diffmj
 from diffmj import ConeType, ConstraintType, EqType, IntegratorType
@@ -189,3 +190,26 @@ def test_regression_euler_damping_after_unconverged_solve():
     d = diffmj.put_data(m, mjd)
     mujoco.mj_step(mjm, mjd)
     assert_close("qvel", diffmj.step(m, d).qvel, mjd.qvel, TOL["smooth"])
+
+
+@pytest.mark.parametrize("seed", [2, 4, 5, 12])  # 13 to 27 candidate pairs, 6 to 11 apart, 3 to 7 contacts
+def test_pairs_skipped_by_bounding_spheres_hold_no_contact(seed):
+    """Eager and unbatched, collision skips the pairs whose bounding spheres are apart; its contacts equal
+    those of collision under vmap (a batch of one), which collides every pair, in every slot (empty slots
+    alike). Fails when the filter drops a pair that touches, or an empty slot keeps its pair's values."""
+    from diffmj.collision.driver import _spheres_apart, collision, contact_params
+
+    mjm = _model(seed)
+    m = diffmj.put_model(mjm)
+    plan = m.collision_plan
+    skipped = contacts = 0
+    for _, mjd in _settled_states(mjm, seed):
+        d = diffmj.put_data(m, mjd)
+        params = contact_params(m)
+        skipped += int(_spheres_apart(m, d, plan.geom1, plan.geom2, params["margin"] + params["gap"]).sum())
+        eager = collision(m, d).contact
+        mapped = torch.vmap(lambda d: collision(m, d).contact)(d[None])[0]
+        contacts += int(torch.isfinite(eager.dist).sum())
+        for name in ("dist", "pos", "frame", "active"):
+            torch.testing.assert_close(getattr(eager, name), getattr(mapped, name), rtol=0, atol=TOL["batch"])
+    assert skipped > 0 and contacts >= 3

@@ -123,21 +123,74 @@ def check_hfield_reach(m: Model, margin_gap: Tensor | None = None) -> None:
                 "dropped; call diffmj.put_model on a mujoco.MjModel with the new values")
 
 
+_SPHERE_SLACK = 1e-6  # relative: pairs this close to touching bounding spheres are collided anyway
+
+
+def _spheres_apart(m: Model, d: Data, g1: Tensor, g2: Tensor, margin_gap: Tensor) -> Tensor:
+    """Pairs [n] whose bounding spheres (geom_rbound, 0 for planes: unbounded) are farther apart than
+    margin + gap: they hold no contact (MuJoCo's bounding-sphere filter)."""
+    r1, r2 = m.geom_rbound[g1], m.geom_rbound[g2]
+    offset = d.geom_xpos[g2] - d.geom_xpos[g1]
+    reach = (r1 + r2 + margin_gap) * (1 + _SPHERE_SLACK)
+    return (r1 > 0) & (r2 > 0) & (math.dot(offset, offset) > reach * reach)
+
+
+def _collide_group(m: Model, d: Data, group, margin_gap: Tensor) -> Candidates:
+    """The group's contact slots [npair, k] fields."""
+    plan = m.collision_plan
+    g1, g2 = plan.geom1[group.pair], plan.geom2[group.pair]
+    poses = [GeomPose(d.geom_xpos[g], d.geom_xmat[g], m.geom_size[g]) for g in (g1, g2)]
+    pose1, pose2 = (MeshPose(pose, mesh_shape(plan.meshes, plan.geom_mesh[g])) if kind == GeomType.MESH else
+                    HFieldPose(pose, hfield_shape(plan.hfields, plan.geom_hfield[g], group.cells))
+                    if kind == GeomType.HFIELD else pose
+                    for pose, g, kind in zip(poses, (g1, g2), group.types))
+    return COLLIDERS[group.types].collide(pose1, pose2, margin_gap[group.pair])
+
+
+def _empty_slots(found: Candidates) -> Candidates:
+    """Slots without a contact (dist = +inf) all alike: pos and tangent zero, normal +z. A slot's values
+    then do not depend on whether its pair was collided (see _narrow_phase)."""
+    empty = torch.isinf(found.dist)[..., None]
+    up = torch.zeros_like(found.normal)
+    up[..., 2] = 1.0
+    return Candidates(found.dist, torch.where(empty, 0.0, found.pos), torch.where(empty, up, found.normal),
+                      torch.where(empty, 0.0, found.tangent))
+
+
 def _narrow_phase(m: Model, d: Data, margin_gap: Tensor) -> Candidates:
-    """All contact slots, group by group in the plan's order: [ncon] fields."""
+    """All contact slots, group by group in the plan's order: [ncon] fields.
+
+    Eager and unbatched, a group's pairs whose bounding spheres are apart are not collided (a robot's
+    candidate pairs are mostly far apart; their slots are empty either way). Compiled or under a
+    torch.func transform every pair is collided: the shapes stay fixed.
+    """
     plan = m.collision_plan
     check_hfield_reach(m, margin_gap)
+    select = not workarounds.transform_active([d.geom_xpos]) and d.geom_xpos.dim() == 2
     parts = []
     for group in plan.groups:
-        g1, g2 = plan.geom1[group.pair], plan.geom2[group.pair]
-        poses = [GeomPose(d.geom_xpos[g], d.geom_xmat[g], m.geom_size[g]) for g in (g1, g2)]
-        pose1, pose2 = (MeshPose(pose, mesh_shape(plan.meshes, plan.geom_mesh[g])) if kind == GeomType.MESH else
-                        HFieldPose(pose, hfield_shape(plan.hfields, plan.geom_hfield[g], group.cells))
-                        if kind == GeomType.HFIELD else pose
-                        for pose, g, kind in zip(poses, (g1, g2), group.types))
-        found = COLLIDERS[group.types].collide(pose1, pose2, margin_gap[group.pair])
+        found = None
+        if select and group.types[0] != GeomType.HFIELD:  # (an hfield pair's slots are its planned cells')
+            near = ~_spheres_apart(m, d, plan.geom1[group.pair], plan.geom2[group.pair], margin_gap[group.pair])
+            if not near.all():
+                found = _some_pairs(m, d, group, margin_gap, torch.nonzero(near)[:, 0])
+        if found is None:
+            found = _collide_group(m, d, group, margin_gap)
         parts.append(Candidates(*(x.flatten(0, 1) for x in found)))
-    return Candidates(*(torch.cat(fields) for fields in zip(*parts)))
+    return _empty_slots(Candidates(*(torch.cat(fields) for fields in zip(*parts))))
+
+
+def _some_pairs(m: Model, d: Data, group, margin_gap: Tensor, subset: Tensor) -> Candidates:
+    """The group's contact slots [npair, k] fields with only the pairs ``subset`` [s] collided (the
+    others' slots empty)."""
+    npair, k = group.pair.shape[0], COLLIDERS[group.types].max_contacts
+    xpos = d.geom_xpos
+    full = Candidates(torch.full((npair, k), torch.inf, dtype=xpos.dtype, device=xpos.device),
+                      *(xpos.new_zeros(npair, k, 3) for _ in range(3)))
+    if not subset.numel():
+        return full
+    found = _collide_group(m, d, group.replace(pair=group.pair[subset]), margin_gap)
+    return Candidates(*(x.index_copy(0, subset, y) for x, y in zip(full, found)))
 
 
 def collision(m: Model, d: Data) -> Data:
