@@ -44,18 +44,26 @@ from diffmj.enums import ConeType, ConstraintState
 from diffmj.smooth import solve_m
 from diffmj.solver import islands
 from diffmj.types import Data, Model
-from diffmj.workarounds import all_true, bounded_loop, derivative_requested
+from diffmj.workarounds import all_true, bounded_loop, derivative_requested, literal
 
 _QCQP_ITERATIONS = 20  # mju_QCQP's Newton iterations on the multiplier
 _SMALL = 1e-10  # MuJoCo's thresholds in extractBlock, costChange and mju_QCQP
 
 
-def _block(half: Tensor, R: Tensor, start: int, n: int) -> Tensor:
-    """Diagonal block [n, n] of A = half' half, its diagonal (A + R) - R clamped at 1e-10 (extractBlock)."""
-    rows = half[:, start:start + n]
-    block = rows.transpose(-1, -2) @ rows
-    diag = torch.clamp((torch.diagonal(block) + R[start:start + n]) - R[start:start + n], min=_SMALL)
-    return torch.where(torch.eye(n, dtype=torch.bool, device=half.device), torch.diag_embed(diag), block)
+def _blocks(half: Tensor, R: Tensor, spans: list[tuple[int, int]]) -> list[Tensor]:
+    """Diagonal blocks [n, n] of A = half' half at the rows (start, n) of ``spans``, each diagonal
+    (A + R) - R clamped at 1e-10 (extractBlock); the blocks of one size computed together."""
+    out: list = [None] * len(spans)
+    for n in sorted({n for _, n in spans}):
+        which = [k for k, (_, size) in enumerate(spans) if size == n]
+        rows = literal([[spans[k][0] + i for i in range(n)] for k in which], device=half.device)  # [b, n]
+        columns = half[:, rows].permute(1, 0, 2)  # [b, nv, n]
+        block = columns.transpose(-1, -2) @ columns
+        diag = torch.clamp((torch.diagonal(block, dim1=-2, dim2=-1) + R[rows]) - R[rows], min=_SMALL)
+        block = torch.where(torch.eye(n, dtype=torch.bool, device=half.device), torch.diag_embed(diag), block)
+        for j, k in enumerate(which):  # copies: the sweep's while_loop refuses inputs that are views of one tensor
+            out[k] = block[j].clone()
+    return out
 
 
 def _cost_change(Ac: Tensor, new: Tensor, old: Tensor, res: Tensor) -> tuple[Tensor, Tensor]:
@@ -188,7 +196,7 @@ def noslip(m: Model, d: Data) -> Data:
     else:  # each pair of opposite pyramid edges
         blocks = [(edge, 2, row, slot) for row, slot, dim in plan.frictional_contacts
                   for edge in range(row, row + 2 * (dim - 1), 2)]
-    block_A = [_block(half, R, start, n) for start, n, _, _ in blocks]
+    block_A = _blocks(half, R, [(start, n) for start, n, _, _ in blocks])
     unroll = derivative_requested((J, R, half, b, d.efc_force))  # differentiated: Python loops
 
     def sweep(carry):
