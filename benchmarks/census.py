@@ -51,7 +51,6 @@ import json
 import os
 import queue
 import re
-import resource
 import subprocess
 import sys
 import threading
@@ -74,7 +73,8 @@ import harness  # noqa: E402
 from step_throughput import machine_info  # noqa: E402
 
 TOL = 1e-9
-MEMORY_GIB = 8.0  # address space of a worker: two side by side leave room on a 24 GiB machine
+MEMORY_GIB = 8.0  # resident memory of a worker: two side by side leave room on a 24 GiB machine
+POLL_S = 0.2  # how often the worker's time and memory are checked
 FORWARD_FIELDS = ("xpos", "xquat", "qfrc_bias", "qfrc_passive", "actuator_force", "sensordata", "qacc")
 STEP_FIELDS = ("qpos", "qvel", "act")
 QPOS_NOISE = 0.02  # rad or m per dof, applied as a velocity integrated for one unit of time
@@ -423,23 +423,33 @@ def exact_contact_errors(mjm: mujoco.MjModel, m: diffmj.Model, states: int, step
     return out | {"error": max_error(errors)}
 
 
-def serve(states: int, steps: int, tol: float, memory_gib: float) -> None:
-    """The worker: examine each path read from stdin, answering with one JSON line per path. Its address
-    space is limited to ``memory_gib``: a model that needs more is recorded as an allocation error, where
-    the kernel's out-of-memory killer would pick a process of its own choosing."""
-    limit = int(memory_gib * 2 ** 30)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+def serve(states: int, steps: int, tol: float) -> None:
+    """The worker: examine each path read from stdin, answering with one JSON line per path."""
     torch.set_num_threads(1)
     for line in sys.stdin:
         print(harness.JSON_PREFIX + json.dumps(jsonable(examine(line.rstrip("\n"), states, steps, tol))), flush=True)
 
 
+def resident_gib(pid: int) -> float:
+    """The resident memory of process ``pid`` (Linux's /proc), GiB; 0 when unreadable."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    found = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) / 2 ** 20 if found else 0.0
+
+
 class Worker:
-    """A worker process (``census.py --serve``), replaced when a model runs past the timeout or kills it."""
+    """A worker process (``census.py --serve``), replaced when a model runs past the timeout, past
+    ``memory_gib`` of resident memory (stopped before the kernel's out-of-memory killer picks a process
+    of its own choosing; address-space limits would also refuse MuJoCo's large untouched arenas), or kills
+    it."""
 
     def __init__(self, states: int, steps: int, tol: float, memory_gib: float = MEMORY_GIB):
         self.command = [sys.executable, __file__, "--serve", "--states", str(states), "--steps", str(steps),
-                        "--tol", repr(tol), "--memory", repr(memory_gib)]
+                        "--tol", repr(tol)]
+        self.memory_gib = memory_gib
         self.process = None
 
     def _start(self) -> None:
@@ -460,14 +470,23 @@ class Worker:
         start = time.perf_counter()
         self.process.stdin.write(f"{path}\n")
         self.process.stdin.flush()
-        try:
-            result = self.results.get(timeout=timeout)
-        except queue.Empty:
-            result = {"status": "timeout", "error": f"no result after {timeout:g} s"}
-        else:
-            if result is not None:
-                return result
-            result = {"status": "error", "stage": "worker", "error": f"worker died (exit code {self.process.wait()})"}
+        while True:
+            try:
+                result = self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                if time.perf_counter() - start > timeout:
+                    result = {"status": "timeout", "error": f"no result after {timeout:g} s"}
+                    break
+                if resident_gib(self.process.pid) > self.memory_gib:
+                    result = {"status": "error", "stage": "worker",
+                              "error": f"resident memory over {self.memory_gib:g} GiB (--memory)"}
+                    break
+            else:
+                if result is not None:
+                    return result
+                result = {"status": "error", "stage": "worker",
+                          "error": f"worker died (exit code {self.process.wait()})"}
+                break
         self.close()
         return result | {"seconds": {"total": time.perf_counter() - start}}
 
@@ -589,15 +608,18 @@ def jsonable(x):
 
 def run_census(folders: dict[str, Path], timeout: float, states: int, steps: int, tol: float,
                exclude: list[str] = (), out: Path | None = None, header: dict | None = None,
-               memory_gib: float = MEMORY_GIB) -> list[dict]:
-    """Examine every MJCF file of ``folders`` (but those ``exclude`` matches); print a line per model;
-    write JSON after each when ``out``."""
+               memory_gib: float = MEMORY_GIB, done: list[dict] = ()) -> list[dict]:
+    """Examine every MJCF file of ``folders`` (but those ``exclude`` matches, and those ``done`` records);
+    print a line per model; write JSON after each when ``out``, ``done``'s records first."""
     files = [(name, folder, path) for name, folder in folders.items() for path in model_files(folder, exclude)]
+    seen = {(r["collection"], r["model"]) for r in done}
     worker = Worker(states, steps, tol, memory_gib)
-    records = []
+    records = list(done)
     try:
         for i, (name, folder, path) in enumerate(files, 1):
             record = {"collection": name, "model": str(path.relative_to(folder))}
+            if (name, record["model"]) in seen:
+                continue
             record |= worker.examine(path, timeout)
             records.append(record)
             print(f"[{i}/{len(files)}] {name}/{record['model']}: {describe(record)}", flush=True)
@@ -616,16 +638,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per initial state")
     parser.add_argument("--tol", type=float, default=TOL, help="largest error of a match")
     parser.add_argument("--memory", type=float, default=MEMORY_GIB,
-                        help="GiB of address space allowed to the worker")
+                        help="GiB of resident memory allowed to the worker")
     parser.add_argument("--exclude", nargs="*", default=[], metavar="PATTERN",
                         help="skip files whose path in their collection matches (fnmatch; --table: leave out)")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "census.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the records already in --out and examine only the other files")
     parser.add_argument("--table", type=Path, nargs="+", help="print the tables of these results and exit")
     parser.add_argument("--merged", type=Path, help="with --table: write the results as one JSON here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the worker process
     args = parser.parse_args()
     if args.serve:
-        serve(args.states, args.steps, args.tol, args.memory)
+        serve(args.states, args.steps, args.tol)
         return
     if args.table:
         runs = [json.loads(path.read_text()) for path in args.table]
@@ -640,11 +664,13 @@ def main() -> None:
     if not args.folders:
         parser.error("name at least one folder (or --table)")
     folders = collections(args.folders)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "table", "merged", "serve")} | {"folders": {
+    unrecorded = ("out", "table", "merged", "serve", "resume")
+    settings = {k: v for k, v in vars(args).items() if k not in unrecorded} | {"folders": {
         k: str(v) for k, v in folders.items()}}
     header = {"machine": machine_info(), "settings": settings}
+    done = json.loads(args.out.read_text())["records"] if args.resume and args.out.exists() else []
     records = run_census(folders, args.timeout, args.states, args.steps, args.tol, args.exclude, args.out, header,
-                         args.memory)
+                         args.memory, done)
     header["machine"]["load_average_end"] = os.getloadavg()
     args.out.write_text(json.dumps(jsonable(header | {"records": records}), indent=1) + "\n")
     print(summary_tables(records, args.tol))

@@ -106,6 +106,24 @@ def test_worker_past_its_timeout_is_recorded_and_replaced():
         worker.close()
 
 
+def test_worker_past_its_memory_is_recorded_and_replaced():
+    worker = census.Worker(states=1, steps=1, tol=census.TOL, memory_gib=1e-3)  # 1 MiB: any Python is over
+    try:
+        big = worker.examine(ROOT / "tests" / "models" / "pendulum.xml", timeout=300)
+        assert big["status"] == "error" and "resident memory" in big["error"] and worker.process is None
+    finally:
+        worker.close()
+
+
+def test_resumed_census_examines_only_the_files_not_recorded(tmp_path):
+    shutil.copy(ROOT / "tests" / "models" / "pendulum.xml", tmp_path / "pendulum.xml")
+    (tmp_path / "static.xml").write_text(STATIC)
+    done = [{"collection": "tiny", "model": "pendulum.xml", "status": "match", "kept": True}]
+    out = census.run_census({"tiny": tmp_path}, timeout=300, states=1, steps=1, tol=census.TOL, done=done)
+    assert [r["model"] for r in out] == ["pendulum.xml", "static.xml"] and out[0].get("kept")
+    assert census.status(out[1]) == "static"
+
+
 def test_compare_state_sees_a_different_model():
     """The census's comparison against MuJoCo C, given a diffmj model with 1 % more gravity: every
     moving field differs (a comparison that always passed would hide a wrong model)."""
