@@ -146,17 +146,6 @@ class WrapType(enum.IntEnum):
     CYLINDER = 5
 
 
-class SameFrame(enum.IntEnum):
-    """mjtSameFrame: an element's frame that the compiler found equal to its body's (body_sameframe,
-    geom_sameframe, site_sameframe); kinematics then copies that frame (mj_local2Global)."""
-
-    NONE = 0
-    BODY = 1
-    INERTIA = 2
-    BODYROT = 3
-    INERTIAROT = 4
-
-
 class ObjType(enum.IntEnum):
     """mjtObj: object types (eq_objtype, sensor_objtype, sensor_reftype, ...)."""
 

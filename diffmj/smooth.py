@@ -15,7 +15,7 @@ from torch import Tensor
 
 from diffmj import math, workarounds
 from diffmj.plan import TendonSpans
-from diffmj.types import Data, DisableBit, Model, SameFrame, WrapType
+from diffmj.types import Data, DisableBit, Model, WrapType
 from diffmj.wrap import wrap
 
 
@@ -106,30 +106,15 @@ def kinematics(m: Model, d: Data) -> Data:
     else:
         xanchor, xaxis = d.xanchor, d.xaxis
 
-    def local_to_global(body: Tensor, local_pos: Tensor, local_quat: Tensor, same: Tensor,
-                        inertial: tuple[Tensor, Tensor] | None = None):
-        """mj_local2Global: the frame composed, or where the compiler found the element's frame equal to
-        its body's (``same``: SameFrame, within the compiler's tolerance, so the two can differ by
-        ~1e-8), that frame copied, as MuJoCo does."""
-        pos, mat, quat = xpos_all[body], xmat_all[body], xquat_all[body]
+    def local_to_global(body: Tensor | None, local_pos: Tensor, local_quat: Tensor):
+        pos, mat, quat = (xpos_all, xmat_all, xquat_all) if body is None else (
+            xpos_all[body], xmat_all[body], xquat_all[body])
         glob_pos = pos + (mat @ local_pos[..., None])[..., 0]
-        glob_mat = math.quat_to_mat(math.quat_mul(quat, local_quat))
-        same_pos, same_mat = same[:, None], same[:, None, None]
-        glob_pos = torch.where(same_pos == SameFrame.BODY, pos, glob_pos)
-        glob_mat = torch.where((same_mat == SameFrame.BODY) | (same_mat == SameFrame.BODYROT), mat, glob_mat)
-        if inertial is not None:
-            ipos, imat = inertial[0][body], inertial[1][body]
-            glob_pos = torch.where(same_pos == SameFrame.INERTIA, ipos, glob_pos)
-            glob_mat = torch.where((same_mat == SameFrame.INERTIA) | (same_mat == SameFrame.INERTIAROT), imat,
-                                   glob_mat)
-        return glob_pos, glob_mat
+        return glob_pos, math.quat_to_mat(math.quat_mul(quat, local_quat))
 
-    bodies = torch.arange(m.nbody, device=xpos_all.device)
-    xipos, ximat = local_to_global(bodies, m.body_ipos, m.body_iquat, m.tree.body_sameframe)
-    geom_xpos, geom_xmat = local_to_global(m.tree.geom_bodyid, m.geom_pos, m.geom_quat, m.tree.geom_sameframe,
-                                           (xipos, ximat))
-    site_xpos, site_xmat = local_to_global(m.tree.site_bodyid, m.site_pos, m.site_quat, m.tree.site_sameframe,
-                                           (xipos, ximat))
+    xipos, ximat = local_to_global(None, m.body_ipos, m.body_iquat)
+    geom_xpos, geom_xmat = local_to_global(m.tree.geom_bodyid, m.geom_pos, m.geom_quat)
+    site_xpos, site_xmat = local_to_global(m.tree.site_bodyid, m.site_pos, m.site_quat)
     return d.replace(
         xpos=xpos_all,
         xquat=xquat_all,

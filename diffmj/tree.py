@@ -58,10 +58,6 @@ class TreePlan(PyTreeNode):
     jnt_qposadr: Tensor  # [njnt]
     geom_bodyid: Tensor  # [ngeom]
     site_bodyid: Tensor  # [nsite]
-    # [nbody], [ngeom], [nsite] enums.SameFrame: the frame kinematics copies instead of composing it
-    body_sameframe: Tensor
-    geom_sameframe: Tensor
-    site_sameframe: Tensor
     body_subtree: Tensor  # [nbody, nbody] 1 where column body is in the subtree of row body
     body_dof_ancestor: Tensor  # [nbody, nv] 1 where dof moves the body
     dof_ancestor: Tensor  # [nv, nv] 1 where column dof is an ancestor of (or is) the row dof
@@ -231,9 +227,6 @@ def build_tree_plan(mjm, dtype: torch.dtype, device: torch.device) -> TreePlan:
         jnt_qposadr=_long(mjm.jnt_qposadr, device),
         geom_bodyid=_long(mjm.geom_bodyid, device),
         site_bodyid=_long(mjm.site_bodyid, device),
-        body_sameframe=_long(mjm.body_sameframe, device),
-        geom_sameframe=_long(mjm.geom_sameframe, device),
-        site_sameframe=_long(mjm.site_sameframe, device),
         body_subtree=floats(body_subtree),
         body_dof_ancestor=floats(body_dof_ancestor),
         dof_ancestor=floats(dof_ancestor),

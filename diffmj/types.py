@@ -45,7 +45,6 @@ from diffmj.enums import (  # noqa: F401  re-exported: this module is where user
     IntegratorType,
     JointType,
     ObjType,
-    SameFrame,
     SensorType,
     SolverType,
     Stage,

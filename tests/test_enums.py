@@ -23,7 +23,6 @@ MIRRORS = {
     enums.BiasType: (mujoco.mjtBias, "mjBIAS_", set()),
     enums.EqType: (mujoco.mjtEq, "mjEQ_", set()),
     enums.WrapType: (mujoco.mjtWrap, "mjWRAP_", set()),
-    enums.SameFrame: (mujoco.mjtSameFrame, "mjSAMEFRAME_", set()),
     enums.ObjType: (mujoco.mjtObj, "mjOBJ_", {"mjNOBJECT"}),
     enums.SensorType: (mujoco.mjtSensor, "mjSENS_", set()),
     enums.Stage: (mujoco.mjtStage, "mjSTAGE_", set()),
