@@ -169,20 +169,20 @@ def _narrow_phase(m: Model, d: Data, margin_gap: Tensor) -> Candidates:
     select = not workarounds.transform_active([d.geom_xpos]) and d.geom_xpos.dim() == 2
     parts = []
     for group in plan.groups:
-        found = None
+        near = None
         if select and group.types[0] != GeomType.HFIELD:  # (an hfield pair's slots are its planned cells')
             near = ~_spheres_apart(m, d, plan.geom1[group.pair], plan.geom2[group.pair], margin_gap[group.pair])
-            if not near.all():
-                found = _some_pairs(m, d, group, margin_gap, torch.nonzero(near)[:, 0])
-        if found is None:
+        if near is None or near.all():
             found = _collide_group(m, d, group, margin_gap)
+        else:
+            found = _some_pairs(m, d, group, margin_gap, torch.nonzero(near)[:, 0])
         parts.append(Candidates(*(x.flatten(0, 1) for x in found)))
     return _empty_slots(Candidates(*(torch.cat(fields) for fields in zip(*parts))))
 
 
 def _some_pairs(m: Model, d: Data, group, margin_gap: Tensor, subset: Tensor) -> Candidates:
     """The group's contact slots [npair, k] fields with only the pairs ``subset`` [s] collided (the
-    others' slots empty)."""
+    others' slots dist +inf; _empty_slots sets their other fields)."""
     npair, k = group.pair.shape[0], COLLIDERS[group.types].max_contacts
     xpos = d.geom_xpos
     full = Candidates(torch.full((npair, k), torch.inf, dtype=xpos.dtype, device=xpos.device),
