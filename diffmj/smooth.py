@@ -106,15 +106,28 @@ def kinematics(m: Model, d: Data) -> Data:
     else:
         xanchor, xaxis = d.xanchor, d.xaxis
 
-    def local_to_global(body: Tensor | None, local_pos: Tensor, local_quat: Tensor):
+    def local_to_global(body: Tensor | None, local_pos: Tensor, local_quat: Tensor,
+                        inertial: tuple[Tensor, Tensor, Tensor, Tensor] | None = None):
+        """mj_local2Global: the element's frame composed from its body's, except where it is within the
+        compiler's FRAME_EPS of the body's frame or (``inertial``: body_ipos, body_iquat, xipos, ximat) of its
+        inertial frame: MuJoCo then copies that frame (mjtSameFrame, geom_ / site_ / body_sameframe)."""
         pos, mat, quat = (xpos_all, xmat_all, xquat_all) if body is None else (
             xpos_all[body], xmat_all[body], xquat_all[body])
         glob_pos = pos + (mat @ local_pos[..., None])[..., 0]
-        return glob_pos, math.quat_to_mat(math.quat_mul(quat, local_quat))
+        glob_mat = math.quat_to_mat(math.quat_mul(quat, local_quat))
+        null_pos = _within_frame_eps(local_pos, torch.zeros_like(local_pos))
+        null_quat = _same_quat(local_quat, identity.expand_as(local_quat))
+        if inertial is not None:
+            ipos, iquat, xipos, ximat = (t[body] for t in inertial)
+            same_iquat = ~null_quat & _same_quat(local_quat, iquat)
+            glob_pos = _copied(same_iquat & _within_frame_eps(local_pos, ipos), xipos, glob_pos)
+            glob_mat = _copied(same_iquat, ximat, glob_mat)
+        return _copied(null_pos & null_quat, pos, glob_pos), _copied(null_quat, mat, glob_mat)
 
     xipos, ximat = local_to_global(None, m.body_ipos, m.body_iquat)
-    geom_xpos, geom_xmat = local_to_global(m.tree.geom_bodyid, m.geom_pos, m.geom_quat)
-    site_xpos, site_xmat = local_to_global(m.tree.site_bodyid, m.site_pos, m.site_quat)
+    inertial = (m.body_ipos, m.body_iquat, xipos, ximat)
+    geom_xpos, geom_xmat = local_to_global(m.tree.geom_bodyid, m.geom_pos, m.geom_quat, inertial)
+    site_xpos, site_xmat = local_to_global(m.tree.site_bodyid, m.site_pos, m.site_quat, inertial)
     return d.replace(
         xpos=xpos_all,
         xquat=xquat_all,
@@ -128,6 +141,28 @@ def kinematics(m: Model, d: Data) -> Data:
         site_xpos=site_xpos,
         site_xmat=site_xmat,
     )
+
+
+# the compiler's and mj_setConst's tolerance for an element's frame equal to its body's or inertial frame
+FRAME_EPS = 1e-6
+
+
+def _within_frame_eps(a: Tensor, b: Tensor) -> Tensor:
+    """[...]: every component of a [..., k] within FRAME_EPS of b's (user_model.cc IsSameVec)."""
+    return ((a - b).abs() < FRAME_EPS).all(-1)
+
+
+def _same_quat(q1: Tensor, q2: Tensor) -> Tensor:
+    """[...]: q1 [..., 4] the same rotation as q2 within FRAME_EPS, either sign (IsSameQuat)."""
+    return _within_frame_eps(q1, q2) | _within_frame_eps(q1, -q2)
+
+
+def _copied(same: Tensor, frame: Tensor, composed: Tensor) -> Tensor:
+    """``frame``'s value where ``same`` [n], else ``composed`` [n, ...]. The derivative is always the
+    composition's: the copy is a snap within FRAME_EPS, and a parameter (geom_pos, body_ipos) moved away
+    from it should be felt by its gradient."""
+    same = same.reshape(same.shape + (1,) * (composed.dim() - same.dim()))
+    return torch.where(same, frame.detach() + (composed - composed.detach()), composed)
 
 
 def subtree_mass(m: Model) -> Tensor:
