@@ -115,19 +115,25 @@ def kinematics(m: Model, d: Data) -> Data:
             xpos_all[body], xmat_all[body], xquat_all[body])
         glob_pos = pos + (mat @ local_pos[..., None])[..., 0]
         glob_mat = math.quat_to_mat(math.quat_mul(quat, local_quat))
-        null_pos = _within_frame_eps(local_pos, torch.zeros_like(local_pos))
-        null_quat = _same_quat(local_quat, identity.expand_as(local_quat))
-        if inertial is not None:
-            ipos, iquat, xipos, ximat = (t[body] for t in inertial)
-            same_iquat = ~null_quat & _same_quat(local_quat, iquat)
-            glob_pos = _copied(same_iquat & _within_frame_eps(local_pos, ipos), xipos, glob_pos)
-            glob_mat = _copied(same_iquat, ximat, glob_mat)
-        return _copied(null_pos & null_quat, pos, glob_pos), _copied(null_quat, mat, glob_mat)
+        null_quat = _same_quat(local_quat, identity)
+        null_pose = null_quat & (local_pos.abs() < FRAME_EPS).all(-1)
+        if inertial is None:
+            return _copied(null_pose, pos, glob_pos), _copied(null_quat, mat, glob_mat)
+        ipos, iquat, xipos, ximat = (t[body] for t in inertial)
+        same_iquat = _same_quat(local_quat, iquat)
+        same_ipose = ~null_quat & same_iquat & _within_frame_eps(local_pos, ipos)
+        # the body's frame first, as MuJoCo tests it first
+        glob_pos = _copied(null_pose | same_ipose, torch.where(null_pose[:, None], pos, xipos), glob_pos)
+        glob_mat = _copied(null_quat | same_iquat, torch.where(null_quat[:, None, None], mat, ximat), glob_mat)
+        return glob_pos, glob_mat
 
     xipos, ximat = local_to_global(None, m.body_ipos, m.body_iquat)
-    inertial = (m.body_ipos, m.body_iquat, xipos, ximat)
-    geom_xpos, geom_xmat = local_to_global(m.tree.geom_bodyid, m.geom_pos, m.geom_quat, inertial)
-    site_xpos, site_xmat = local_to_global(m.tree.site_bodyid, m.site_pos, m.site_quat, inertial)
+    # geoms and sites in one pass: [ngeom + nsite]
+    elem_xpos, elem_xmat = local_to_global(
+        torch.cat((m.tree.geom_bodyid, m.tree.site_bodyid)), torch.cat((m.geom_pos, m.site_pos)),
+        torch.cat((m.geom_quat, m.site_quat)), (m.body_ipos, m.body_iquat, xipos, ximat))
+    geom_xpos, site_xpos = elem_xpos.split((m.ngeom, m.nsite))
+    geom_xmat, site_xmat = elem_xmat.split((m.ngeom, m.nsite))
     return d.replace(
         xpos=xpos_all,
         xquat=xquat_all,
@@ -162,7 +168,7 @@ def _copied(same: Tensor, frame: Tensor, composed: Tensor) -> Tensor:
     composition's: the copy is a snap within FRAME_EPS, and a parameter (geom_pos, body_ipos) moved away
     from it should be felt by its gradient."""
     same = same.reshape(same.shape + (1,) * (composed.dim() - same.dim()))
-    return torch.where(same, frame.detach() + (composed - composed.detach()), composed)
+    return composed + torch.where(same, (frame - composed).detach(), 0.0)
 
 
 def subtree_mass(m: Model) -> Tensor:

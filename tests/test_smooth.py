@@ -38,13 +38,17 @@ def test_kinematics(smooth_model, seed):
     check_stage(smooth.kinematics, *_setup(smooth_model, seed), KINEMATICS)
 
 
-# every SameFrame kind: frames within the compiler's tolerance (1e-9 here) of the body's or its inertial frame
+# every SameFrame kind: frames within the compiler's tolerance (1e-9 here) of the body's or its inertial frame;
+# the last body's geom and site are BODYROT though their pos is within 1e-7 of the inertial frame's (MuJoCo
+# tests the body's frame first)
 SAME_FRAME_XML = """<mujoco><worldbody><body pos="0 0 1"><freejoint/>
   <inertial pos="0.01 0.02 0" quat="1 0.1 0 0" mass="1" diaginertia="1 2 3"/>
   <geom size=".1" pos="1e-9 0 0" quat="1 1e-9 0 0"/><geom size=".1" pos="0.01 0.02 1e-9" quat="1 0.1 1e-9 0"/>
   <geom size=".1" pos="0.3 0 0" quat="1 1e-9 0 0"/><geom size=".1" pos="0.3 0 0" quat="1 0.1 0 1e-9"/>
   <site pos="1e-9 0 0"/><site pos="0.01 0.02 1e-9" quat="1 0.1 0 0"/></body>
   <body pos="0 0 2"><joint type="hinge"/><inertial pos="1e-9 0 0" mass="1" diaginertia="1 1 1"/><geom size=".1"/></body>
+  <body pos="0 0 3"><joint type="hinge" axis="0 1 0"/><inertial pos="0.2 0 0" mass="1" diaginertia="1 1 1"/>
+    <geom size=".1" pos="0.2 0 1e-7"/><site pos="0.2 1e-7 0"/></body>
 </worldbody></mujoco>"""
 
 
@@ -54,7 +58,7 @@ def test_kinematics_copies_the_frames_the_compiler_found_equal(seed):
     is the same, though its pos / quat differ by up to the compiler's tolerance: composing them instead
     is off by ~1e-9 here (dm_control's dog: 1e-8 in a tail geom, 2e-7 in qvel after a step)."""
     mjm = mujoco.MjModel.from_xml_string(SAME_FRAME_XML)
-    assert set(mjm.geom_sameframe) == {1, 2, 3, 4} and set(mjm.site_sameframe) == {1, 2} and mjm.body_sameframe[2] == 1
+    assert set(mjm.geom_sameframe) == {1, 2, 3, 4} and set(mjm.site_sameframe) == {1, 2, 3} and mjm.body_sameframe[2] == 1
     check_stage(smooth.kinematics, *_setup(mjm, seed), KINEMATICS)
 
 
