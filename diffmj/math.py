@@ -94,12 +94,12 @@ def _signed_sums(products: Tensor, sums: _Sums) -> Tensor:
     """
     index = sums.index.tensor(device=products.device)
     sign = sums.sign.tensor(products.dtype, products.device)
-    signed = products[..., index] * sign
+    terms = (products[..., index] * sign).unbind(-1)  # one op for the views of every term
     if sums.pairwise:
-        return (signed[..., 0] + signed[..., 1]) + (signed[..., 2] + signed[..., 3])
-    out = signed[..., 0]
-    for k in range(1, sums.index.shape[1]):
-        out = out + signed[..., k]
+        return (terms[0] + terms[1]) + (terms[2] + terms[3])
+    out = terms[0]
+    for term in terms[1:]:
+        out = out + term
     return out
 
 
