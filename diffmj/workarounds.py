@@ -259,3 +259,29 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
         return tuple(body(c)), c[0].new_zeros(())  # scan needs an output per step: a dummy
 
     return tuple(scan(scan_step, tuple(carry), torch.arange(iterations, device=carry[0].device))[0])
+
+
+def bounded_row_loop(body: Callable[[tuple, Tensor | None], tuple], carry: tuple, iterations: int) -> tuple:
+    """``bounded_loop`` over independent rows: every carry tensor is [A, ...], one row per element
+    (carry[0]: done [A]), and ``body(carry, rows)`` advances the rows ``rows`` [a] given only their
+    carry, or every row (``rows`` None).
+
+    Eager without torch.func transforms, each iteration advances only the rows not yet done, at most
+    ``ROW_CHUNK`` at a time: a search whose rows mostly finish in a few steps (the mesh hill climbs)
+    costs what its remaining rows cost, and its temporaries stay bounded. Otherwise ``bounded_loop``
+    over every row. Rows are independent and done rows frozen, so both give the same carry.
+    """
+    if transform_active(carry):
+        return bounded_loop(lambda c: body(c, None), carry, iterations)
+    active = torch.arange(carry[0].shape[0], device=carry[0].device)
+    for _ in range(iterations):
+        active = active[~carry[0][active]]
+        if not active.numel():
+            break
+        for rows in active.split(ROW_CHUNK):
+            advanced = body(tuple(c[rows] for c in carry), rows)
+            carry = tuple(c.index_copy(0, rows, a) for c, a in zip(carry, advanced))
+    return carry
+
+
+ROW_CHUNK = 1 << 15  # rows bounded_row_loop advances at once, eager (a mesh search's: ~100 MB of temporaries)

@@ -154,24 +154,24 @@ class _Axis(NamedTuple):
     index2: Tensor  # [n] the triangle or edge of geom 2 (kind 1, 2)
 
 
-class _Neighbours(NamedTuple):
-    """The vertices next to each vertex of a polytope along its edges."""
-
-    ids: Tensor  # [n, V, D] (-1: none)
-    offset: Tensor  # [n, V, D, 3] from the vertex to each
-
-
-def _neighbours(q: Polytope) -> _Neighbours:
+def _neighbours(q: Polytope) -> Tensor:
+    """The vertices next to each vertex of q along its edges: ids [n, V, D] (-1: none)."""
     ends = _at(q.edge, q.vert_incident)  # [n, V, D, 2]
     vertices = torch.arange(q.vert.shape[-2], device=ends.device)[:, None]
-    ids = torch.where(q.vert_incident < 0, -1, torch.where(ends[..., 0] == vertices, ends[..., 1], ends[..., 0]))
-    return _Neighbours(ids, _at(q.vert, ids) - q.vert[..., None, :])
+    return torch.where(q.vert_incident < 0, -1, torch.where(ends[..., 0] == vertices, ends[..., 1], ends[..., 0]))
+
+
+def _step_offsets(q: Polytope, neighbour: Tensor, at: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    """For rows at vertex r [rows] of q's pair ``at`` [rows]: the neighbours' ids [rows, D] (``neighbour``:
+    ``_neighbours(q)``) and the offsets to them [rows, D, 3] (any value where there is none)."""
+    w = neighbour[at, r]
+    return w, q.vert[at[:, None], w.clamp(min=0)] - q.vert[at, r][:, None]
 
 
 _ANCHORS = workarounds.Literal.of(fibonacci_directions(64))  # directions whose lowest vertices start the hill climbs
 
 
-def _lowest(q: Polytope, neighbour: _Neighbours, direction: Tensor) -> Tensor:
+def _lowest(q: Polytope, neighbour: Tensor, direction: Tensor) -> Tensor:
     """q's lowest vertex (least direction . v) along each direction [n, T, 3]: ids [n, T].
 
     A hill climb over q's edges (``neighbour``: ``_neighbours(q)``) from the lowest, along that
@@ -181,19 +181,28 @@ def _lowest(q: Polytope, neighbour: _Neighbours, direction: Tensor) -> Tensor:
     lattice = _ANCHORS.tensor(direction.dtype, direction.device)
     anchor = (lattice @ q.vert.transpose(-1, -2)).argmin(-1)  # [n, K]
     start = _at(anchor, (direction @ _at(q.vert, anchor).transpose(-1, -2)).argmin(-1))
+    n, t = start.shape
+    pair, direction = _row_pairs(n, t, start.device), direction.reshape(n * t, 3)  # one row per direction
 
-    def step(carry):
+    def step(carry, rows):
         done, r = carry
-        w = _at(neighbour.ids, r)  # [n, T, D]
-        drop = torch.where(w >= 0, dot(direction[..., None, :], _at(neighbour.offset, r)), torch.inf)
+        at, u = (pair, direction) if rows is None else (pair[rows], direction[rows])
+        w, offset = _step_offsets(q, neighbour, at, r)
+        drop = torch.where(w >= 0, dot(u[..., None, :], offset), torch.inf)
         lowest, move = drop.min(-1)
         done = done | ~(lowest < 0)
         return done, torch.where(done, r, torch.take_along_dim(w, move[..., None], -1)[..., 0])
 
-    return workarounds.bounded_loop(step, (torch.zeros_like(start, dtype=torch.bool), start), q.vert.shape[-2])[1]
+    carry = (torch.zeros_like(start, dtype=torch.bool).reshape(-1), start.reshape(-1))
+    return workarounds.bounded_row_loop(step, carry, q.vert.shape[-2])[1].reshape(n, t)
 
 
-def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours,
+def _row_pairs(n: int, per_pair: int, device: torch.device) -> Tensor:
+    """The pair of each row [n * per_pair] when a search's [n, per_pair] elements are flattened to rows."""
+    return torch.arange(n, device=device).repeat_interleave(per_pair)
+
+
+def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: Tensor,
               start: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The edge pairs of p and q whose Gauss-map arcs cross, found by walking each arc of p over q's map.
 
@@ -214,11 +223,14 @@ def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours
     na, nb = _at(p_normal, p.edge_facet[..., 0]), _at(p_normal, p.edge_facet[..., 1])  # [n, E, 3]
     x = _at(p.vert, p.edge[..., 0])
     direction = _at(p.vert, p.edge[..., 1]) - x
+    n, e = na.shape[:2]
+    pair = _row_pairs(n, e, na.device)  # one row per edge of p
+    arcs = tuple(c.reshape(n * e, 3) for c in (na, nb, x, direction))
 
-    def step(carry):
+    def step(carry, rows):
         done, r, best, best_axis, best_edge = carry
-        w = _at(neighbour.ids, r)  # [n, E, D] q's vertices next to r
-        delta = _at(neighbour.offset, r)  # [n, E, D, 3]
+        at, (na, nb, x, direction) = (pair, arcs) if rows is None else (pair[rows], tuple(c[rows] for c in arcs))
+        w, delta = _step_offsets(q, neighbour, at, r)  # q's vertices next to r [rows, D], offsets [rows, D, 3]
         a = dot(na[..., None, :], delta).clamp(min=0)
         b = dot(nb[..., None, :], delta)
         exits = (w >= 0) & (b < 0)
@@ -233,20 +245,20 @@ def _arc_walk(p: Polytope, p_normal: Tensor, q: Polytope, neighbour: _Neighbours
         along = (1 - t.clamp(max=1))[..., None] * na + t.clamp(max=1)[..., None] * nb
         usable = ~done & (length2 > 1e-20 * dot(direction, direction) * dot(d2, d2)) & (dot(axis, along) != 0)
         axis = axis * (torch.sign(dot(axis, along)) / torch.sqrt(torch.where(usable, length2, 1.0)))[..., None]
-        separation = torch.where(usable, dot(axis, _at(q.vert, r) - x), -torch.inf)
+        separation = torch.where(usable, dot(axis, q.vert[at, r] - x), -torch.inf)
         better = separation > best
         best = torch.where(better, separation, best)
         best_axis = torch.where(better[..., None], axis, best_axis)
-        best_edge = torch.where(better, torch.take_along_dim(_at(q.vert_incident, r), move, -1)[..., 0], best_edge)
+        best_edge = torch.where(better, torch.take_along_dim(q.vert_incident[at, r], move, -1)[..., 0], best_edge)
         r = torch.where(done, r, torch.take_along_dim(w, move, -1)[..., 0])
         return done, r, best, best_axis, best_edge
 
-    start = torch.take_along_dim(start, p.edge_facet[..., 0].clamp(min=0), -1)
+    start = torch.take_along_dim(start, p.edge_facet[..., 0].clamp(min=0), -1).reshape(-1)
     # (initial values made from batched inputs: under vmap the compiled loop needs them batched as its outputs)
-    carry = (p.edge[..., 0] < 0, start, torch.full_like(start, -torch.inf, dtype=na.dtype), torch.zeros_like(na),
-             torch.zeros_like(start))
-    _, _, best, best_axis, best_edge = workarounds.bounded_loop(step, carry, q.vert.shape[-2])
-    return best, best_axis, best_edge
+    carry = ((p.edge[..., 0] < 0).reshape(-1), start, torch.full_like(start, -torch.inf, dtype=na.dtype),
+             torch.zeros_like(arcs[0]), torch.zeros_like(start))
+    _, _, best, best_axis, best_edge = workarounds.bounded_row_loop(step, carry, q.vert.shape[-2])
+    return best.reshape(n, e), best_axis.reshape(n, e, 3), best_edge.reshape(n, e)
 
 
 def _separating_axis(p1: Polytope, p2: Polytope) -> _Axis:
