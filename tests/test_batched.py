@@ -8,6 +8,8 @@ under vmap: under compile, the loops' full count), eager and compiled, values an
 from __future__ import annotations
 
 import mujoco
+from unittest import mock
+
 import pytest
 import torch
 
@@ -114,6 +116,36 @@ def test_compiled_batch_loop_runs_until_every_element_is_done():
         assert bool(done.all())
         assert torch.equal(value, torch.tensor([0.75, 0.75, 0.5], dtype=torch.float64))
         assert passes.tolist() == [2, 2, 2]
+
+
+def test_row_loop_advances_only_unfinished_rows_and_equals_the_full_loop():
+    """bounded_row_loop, eager: each pass advances only the rows not yet done (in chunks of ROW_CHUNK), and
+    its carry equals bounded_loop's over every row, eager, vmapped and compiled."""
+    x = torch.tensor([3.0, 1.5, 0.5, 40.0], dtype=torch.float64)  # 2, 1, 0 and 6 halvings
+    seen = []
+
+    def halve(carry, rows):
+        done, value = carry
+        new = torch.where(done, value, value * 0.5)
+        return done | (new < 1), new
+
+    def recorded(carry, rows):
+        seen.append(None if rows is None else rows.tolist())
+        return halve(carry, rows)
+
+    def run(x, body=halve):
+        return workarounds.bounded_row_loop(body, (x < 1, x.clone()), 100)[1]
+
+    expected = workarounds.bounded_loop(lambda c: halve(c, None), (x < 1, x.clone()), 100)[1]
+    assert torch.equal(expected, torch.tensor([0.75, 0.75, 0.5, 0.625], dtype=torch.float64))
+    assert torch.equal(run(x, recorded), expected)
+    assert seen == [[0, 1, 3], [0, 3], [3], [3], [3], [3]]
+    assert torch.equal(torch.vmap(run)(x[None].expand(2, 4)), expected.expand(2, 4))
+    assert torch.equal(torch.compile(run, fullgraph=True, backend="aot_eager")(x), expected)
+    with mock.patch.object(workarounds, "ROW_CHUNK", 2):
+        seen.clear()
+        assert torch.equal(run(x, recorded), expected)
+        assert seen[:2] == [[0, 1], [3]]
 
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled"])
