@@ -57,6 +57,25 @@ def _poses(rng, count: int, flat: bool):
         yield np.concatenate((pos, quat / np.linalg.norm(quat, axis=1, keepdims=True)), 1).ravel()
 
 
+def test_face_on_face_keeps_mujocos_quadrilateral():
+    """A prism on an irregular heptagon lying face down on a large box: the clipped polygon is the
+    heptagon, and MuJoCo 4.0's polygonQuad keeps four of its corners (sometimes one twice). No two
+    quadrilaterals tie here, so the contacts are MuJoCo's, duplicates included. (MuJoCo's later area4,
+    the area of a, c, b, d, ends the search elsewhere on 3 of these 6 prisms.)"""
+    rng = np.random.default_rng(3)
+    poses, counts = [], []
+    for _ in range(6):
+        angle = np.sort(rng.uniform(0, 2 * np.pi, 7))
+        corner = np.stack((0.06 * np.cos(angle), 0.04 * np.sin(angle)), -1)
+        prism = np.concatenate([np.c_[corner, np.full(7, z)] for z in (-0.02, 0.02)])
+        mjm = free_pair_model(f'<mesh name="prism" vertex="{" ".join(map(str, prism.ravel()))}"/>',
+                              '<geom type="box" size=".3 .3 .05"/>', '<geom type="mesh" mesh="prism"/>')
+        qpos = np.array([0, 0, 0, 1, 0, 0, 0, *rng.uniform(-0.05, 0.05, 2), 0.069, 1, *rng.normal(0, 0.01, 3)])
+        qpos[10:] /= np.linalg.norm(qpos[10:])
+        counts += assert_contacts_match(mjm, [qpos])
+    assert counts == [3, 4, 4, 4, 4, 3]  # three where the heptagon was cut to three corners below the box face
+
+
 @pytest.mark.parametrize("margin", [0.0, 0.02])
 @pytest.mark.parametrize("second", ["mesh", "box"])
 @pytest.mark.parametrize("flat", [False, True])
