@@ -63,7 +63,7 @@ def test_face_on_face_keeps_mujocos_quadrilateral():
     quadrilaterals tie here, so the contacts are MuJoCo's, duplicates included. (MuJoCo's later area4,
     the area of a, c, b, d, ends the search elsewhere on 3 of these 6 prisms.)"""
     rng = np.random.default_rng(3)
-    poses, counts = [], []
+    counts = []
     for _ in range(6):
         angle = np.sort(rng.uniform(0, 2 * np.pi, 7))
         corner = np.stack((0.06 * np.cos(angle), 0.04 * np.sin(angle)), -1)
