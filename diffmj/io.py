@@ -14,6 +14,7 @@ import mujoco
 import numpy as np
 import torch
 
+from diffmj import math
 from diffmj.collision.plan import build_collision_plan, convex_pair, unsupported_pair
 from diffmj.names import build_names
 from diffmj.plan import (
@@ -445,8 +446,9 @@ def put_data(m: Model, mjd: mujoco.MjData) -> Data:
     if m.nv:
         mujoco.mj_fullM(mjm, mjd, qm)
     fields["qM"] = torch.as_tensor(qm, device=m.device).to(m.dtype)
-    # qLD is diffmj's dense Cholesky factor; derive it when MuJoCo has computed M
-    fields["qLD"] = torch.linalg.cholesky(fields["qM"]).contiguous() if np.any(qm) else torch.zeros_like(fields["qM"])
+    # qLD is diffmj's dense Cholesky factor; derive it when MuJoCo has computed M (no error where M is not
+    # positive definite, as MuJoCo's is after its simulation blew up: the state is still copied)
+    fields["qLD"] = math.cholesky(fields["qM"]).contiguous() if np.any(qm) else torch.zeros_like(fields["qM"])
     ten_j = _dense(mjd.ten_J, mjm.ten_J_rownnz, mjm.ten_J_rowadr, mjm.ten_J_colind, m.nv)
     moment = _dense(mjd.actuator_moment, mjd.moment_rownnz, mjd.moment_rowadr, mjd.moment_colind, m.nv)
     fields["ten_J"] = torch.as_tensor(ten_j, device=m.device).to(m.dtype)

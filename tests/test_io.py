@@ -205,3 +205,15 @@ def test_get_data_put_data_keep_state_and_inputs():
     back = diffmj.put_data(m, diffmj.get_data(mjm, d))
     for name in changed:
         torch.testing.assert_close(getattr(back, name), getattr(d, name), rtol=0, atol=0, msg=name)
+
+
+def test_put_data_copies_a_state_whose_mass_matrix_is_not_positive_definite():
+    """MuJoCo's data after its simulation blew up (gymnasium-robotics' fetch in the census) can hold an M that
+    is not positive definite: put_data still copies the state (qLD is then not a factor) instead of raising."""
+    mjm = mj_model("constraints")
+    m = diffmj.put_model(mjm)
+    mjd = random_state(mjm, 0)
+    mujoco.mj_forward(mjm, mjd)
+    mjd.M[:] = -1.0
+    d = diffmj.put_data(m, mjd)
+    torch.testing.assert_close(d.qpos, torch.as_tensor(mjd.qpos), rtol=0, atol=0)
