@@ -117,7 +117,10 @@ def _ellipsoid_local_force(
     proj_num = (sq * lin * lin).sum(-1)
     area_proj = pymath.pi * math.safe_sqrt(proj_denom / proj_num.clamp_min(math.MINVAL))
     speed = math.safe_norm(lin)
-    cos_alpha = proj_num / (speed * proj_denom).clamp_min(math.MINVAL)
+    # not clamped at mjMINVAL, as MuJoCo 4.0.0 computes it (a thin plate's |v| proj_denom is far below it);
+    # 0 at rest, where the circulation is 0 anyway
+    cos_denom = speed * proj_denom
+    cos_alpha = torch.where(cos_denom > 0, proj_num / torch.where(cos_denom > 0, cos_denom, 1.0), 0.0)
     circulation = math.cross(sq * lin, lin) * (kutta * density * cos_alpha * area_proj)[..., None]
     kutta_force = math.cross(circulation, lin)
 
