@@ -116,7 +116,7 @@ def kinematics(m: Model, d: Data) -> Data:
         glob_pos = pos + (mat @ local_pos[..., None])[..., 0]
         glob_mat = math.quat_to_mat(math.quat_mul(quat, local_quat))
         null_quat = _same_quat(local_quat, identity)
-        null_pose = null_quat & (local_pos.abs() < FRAME_EPS).all(-1)
+        null_pose = null_quat & _within_frame_eps(local_pos, 0.0)
         if inertial is None:
             return _copied(null_pose, pos, glob_pos), _copied(null_quat, mat, glob_mat)
         ipos, iquat, xipos, ximat = (t[body] for t in inertial)
