@@ -351,7 +351,7 @@ def _over_batch(fn, m: Model, d: Data) -> Data:
     if not d.batch_dims:
         return canonical_layout(fn(m, d, False), d)
     flat = d.reshape(-1)
-    return torch.vmap(canonical_layout)(fn(m, flat, True), flat).reshape(d.batch_size)
+    return elementwise(canonical_layout, True)(fn(m, flat, True), flat).reshape(d.batch_size)
 
 
 def forward(m: Model, d: Data, *, backward_mode: BackwardMode | None = None) -> Data:

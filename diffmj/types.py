@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 
 import torch
-from tensordict import TensorDict, tensorclass
+from tensordict import tensorclass
 from torch import Tensor
 
 from diffmj.dataclass import PyTreeNode, pytree_dataclass, static_field
@@ -55,6 +55,7 @@ from diffmj.enums import (  # noqa: F401  re-exported: this module is where user
 from diffmj.names import Names
 from diffmj.plan import ActuatorPlan, ConstraintPlan, FluidPlan, SensorPlan, TendonPlan
 from diffmj.tree import TreePlan
+from diffmj.workarounds import record_from_entries
 
 
 class BackwardMode(enum.Enum):
@@ -507,9 +508,9 @@ def _replaced(record: Data | Contact, changes: dict[str, Tensor | Contact]) -> D
 
     A step replaces fields a dozen times or more; tensordict's generic ``replace`` copies and
     validates every entry each time (~0.3 ms eager for a Data, ~10k bytecodes for Dynamo to
-    trace), so the new TensorDict is built from the old one's entries directly: what
-    ``TensorDict._new_unsafe`` and tensorclass's ``_from_tensordict`` set, without their per-entry
-    checks (``tests/test_io.py`` compares the result with tensordict's own replace).
+    trace), so the new record is built from the old one's entries directly
+    (``workarounds.record_from_entries``; ``tests/test_io.py`` compares the result with tensordict's own
+    replace).
     """
     cls, storage = type(record), record._tensordict
     batch = tuple(storage.batch_size)
@@ -519,15 +520,7 @@ def _replaced(record: Data | Contact, changes: dict[str, Tensor | Contact]) -> D
         if tuple(value.shape[: len(batch)]) != batch:
             raise ValueError(f"{cls.__name__}.replace: {name} has shape {tuple(value.shape)}, "
                              f"its leading dims must be the batch {batch}")
-    new_storage = TensorDict.__new__(TensorDict)
-    object.__setattr__(new_storage, "_tensordict", {**storage._tensordict, **changes})
-    object.__setattr__(new_storage, "_batch_size", storage._batch_size)
-    object.__setattr__(new_storage, "_device", storage._device)
-    object.__setattr__(new_storage, "_td_dim_names", storage._td_dim_names)
-    new = cls.__new__(cls)
-    object.__setattr__(new, "_tensordict", new_storage)
-    object.__setattr__(new, "_non_tensordict", {})
-    return new
+    return record_from_entries(cls, {**storage._tensordict, **changes}, storage._batch_size, storage._device)
 
 
 # ---- the role of each Data field; make_data / put_data / get_data and checkpointed rollouts read these,

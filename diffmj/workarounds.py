@@ -17,7 +17,9 @@ plain code would.
 * ``Literal`` / ``literal``: constant tables that inductor also compiles inside a loop's body.
 * ``elementwise``: an explicit batch, for a while_loop that stops when the whole batch is done:
   2.13's while_loop has no vmap rule, so the loop runs over the batch and only its body's
-  per-element pieces are vmapped (``torch.vmap`` of a step falls back to ``scan``'s full count).
+  per-element pieces are vmapped (``torch.vmap`` of a step falls back to ``scan``'s full count);
+  mapped at a functorch vmap level directly, as torch.vmap's pytree handling (which tensordict
+  patches) cost more than the pieces; ``record_from_entries`` builds a Data without tensordict's checks.
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ import dataclasses
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import torch
+import torch.utils._pytree as pytree
+from tensordict import TensorDict
 from torch import Tensor
 from torch._C._functorch import TransformType
+from torch._functorch.predispatch import _add_batch_dim, _remove_batch_dim
 from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
+from torch._functorch.vmap import vmap_increment_nesting
 from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
@@ -204,13 +210,92 @@ def _only_vmap_active() -> bool:
 
 
 def elementwise(piece: Callable, batched: bool, in_dims=0, out_dims=0) -> Callable:
-    """piece mapped over a leading batch dimension by torch.vmap(piece, in_dims, out_dims) when ``batched``,
-    else piece itself: one code path for one element and for an explicit batch.
+    """piece mapped over a leading batch dimension, as torch.vmap(piece, in_dims, out_dims) maps it, when
+    ``batched``, else piece itself: one code path for one element and for an explicit batch.
 
     A piece must take every batched tensor it reads as an argument: one it closes over is seen whole by
-    torch.vmap (all B elements at once), not per element.
+    the map (all B elements at once), not per element. Arguments and results are tensors, records
+    (``Data``, ``Contact``: dim 0), tuples and NamedTuples of them (dims as nested tuples), or anything
+    else, which passes as it is (the Model). The map is functorch's own (a vmap level, each tensor's
+    batch dim added and removed), without torch.vmap's pytree handling: tensordict patches that to
+    check every leaf of every argument, and a Data crosses each stage's boundary whole, so that
+    handling was half of an eager batched step of a small model and ~95 % of the Python Dynamo traced
+    for a compiled one (hopper, B = 4: 0.95M bytecodes, 25k of them the physics).
     """
-    return torch.vmap(piece, in_dims=in_dims, out_dims=out_dims) if batched else piece
+    if not batched:
+        return piece
+
+    def mapped(*args):
+        leaves, dims = [], []
+        rebuild_args = _flatten(args, in_dims if isinstance(in_dims, tuple) else (in_dims,) * len(args),
+                                leaves, dims)
+        size = next(leaf.shape[dim] for leaf, dim in zip(leaves, dims) if dim is not None)
+        with vmap_increment_nesting(size, "error") as level:
+            inner = [leaf if dim is None else _add_batch_dim(leaf, dim, level) for leaf, dim in zip(leaves, dims)]
+            out = piece(*rebuild_args(iter(inner), lambda batch: batch[1:]))
+            out_leaves, out_dims_flat = [], []
+            rebuild_out = _flatten(out, out_dims, out_leaves, out_dims_flat)
+            outer = [leaf if dim is None else _remove_batch_dim(leaf, level, size, dim)
+                     for leaf, dim in zip(out_leaves, out_dims_flat)]
+        return rebuild_out(iter(outer), lambda batch: (size, *batch))
+
+    return mapped
+
+
+def _flatten(x, dim, leaves: list, dims: list) -> Callable:
+    """Appends the tensors of x that are mapped (``dim`` not None, broadcast over x's structure) to
+    ``leaves`` and their dims to ``dims``; returns rebuild(leaf iterator, batch -> new batch of records)
+    -> x's structure with the next leaves. What is not mapped (dim None: the Model, shared tensors)
+    passes as it is; records (``Data``, ``Contact``) are taken apart here, other pytrees by torch's."""
+    if dim is None:
+        return lambda it, batch: x
+    if isinstance(x, Tensor):
+        leaves.append(x)
+        dims.append(dim)
+        return lambda it, batch: next(it)
+    if isinstance(getattr(x, "_tensordict", None), TensorDict):  # a tensorclass record
+        if dim != 0:
+            raise ValueError(f"a {type(x).__name__} is mapped over its first dimension (dim 0), not {dim}")
+        storage = x._tensordict
+        entries = storage._tensordict
+        nested = {}  # the entries that are records themselves (Data.contact); the others tensors
+        for name, value in entries.items():
+            if isinstance(value, Tensor):
+                leaves.append(value)
+                dims.append(dim)
+            else:
+                nested[name] = _flatten(value, dim, leaves, dims)
+        names, cls, size, device = tuple(entries), type(x), storage._batch_size, storage._device
+
+        def rebuild(it, batch):
+            values = {name: nested[name](it, batch) if name in nested else next(it) for name in names}
+            return record_from_entries(cls, values, torch.Size(batch(size)), device)
+        return rebuild
+    if isinstance(x, (tuple, list)):
+        inner = dim if isinstance(dim, (tuple, list)) else (dim,) * len(x)
+        parts = [_flatten(value, d, leaves, dims) for value, d in zip(x, inner)]
+        make = (lambda values: type(x)(*values)) if hasattr(x, "_fields") else type(x)
+        return lambda it, batch: make([part(it, batch) for part in parts])
+    children, spec = pytree.tree_flatten(x)  # dicts, dataclasses, ...: every tensor mapped over dim
+    if spec.is_leaf():
+        return lambda it, batch: x  # numbers, strings, ...
+    parts = [_flatten(child, dim, leaves, dims) for child in children]
+    return lambda it, batch: pytree.tree_unflatten([part(it, batch) for part in parts], spec)
+
+
+def record_from_entries(cls, entries: dict, batch: torch.Size, device=None):
+    """A tensorclass record (``cls``: Data, Contact) holding ``entries`` as they are, with batch size
+    ``batch``: what ``TensorDict._new_unsafe`` and tensorclass's ``_from_tensordict`` set, without
+    their per-entry checks (the caller's entries are already shaped and placed)."""
+    storage = TensorDict.__new__(TensorDict)
+    object.__setattr__(storage, "_tensordict", entries)
+    object.__setattr__(storage, "_batch_size", batch)
+    object.__setattr__(storage, "_device", device)
+    object.__setattr__(storage, "_td_dim_names", None)
+    record = cls.__new__(cls)
+    object.__setattr__(record, "_tensordict", storage)
+    object.__setattr__(record, "_non_tensordict", {})
+    return record
 
 
 def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, unroll: bool = False,
