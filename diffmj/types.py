@@ -55,7 +55,7 @@ from diffmj.enums import (  # noqa: F401  re-exported: this module is where user
 from diffmj.names import Names
 from diffmj.plan import ActuatorPlan, ConstraintPlan, FluidPlan, SensorPlan, TendonPlan
 from diffmj.tree import TreePlan
-from diffmj.workarounds import record_from_entries
+from diffmj.workarounds import fields_read_directly, record_from_entries
 
 
 class BackwardMode(enum.Enum):
@@ -369,6 +369,7 @@ class Model(PyTreeNode):
         return self.static()
 
 
+@fields_read_directly
 @tensorclass
 class Contact:
     """Fixed array of contact slots (mjContact), one per possible contact of each candidate pair.
@@ -393,6 +394,7 @@ class Contact:
         return _replaced(self, changes)
 
 
+@fields_read_directly
 @tensorclass
 class Data:
     """Simulation state, inputs and every computed quantity (mjData), batchable.
