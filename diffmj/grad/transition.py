@@ -21,6 +21,7 @@ from diffmj.forward import resolve_backward_mode, step
 from diffmj.grad.solution import from_solution, reuses_solution
 from diffmj.state import differentiate_pos, integrate_pos
 from diffmj.types import BackwardMode, Data, Model
+from diffmj.workarounds import elementwise
 
 
 def _transition(m: Model, d: Data, nominal: Tensor, mode: BackwardMode):
@@ -54,7 +55,8 @@ def transition_jacobians(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(A, B, C, D) of one step from d: [2nv+na, 2nv+na], [2nv+na, nu], [nsensordata, 2nv+na],
     [nsensordata, nu]. A batched Data gives batched Jacobians [*batch, ...]: the batch is stepped
-    as one explicit batch, then differentiated per element (torch.vmap).
+    as one explicit batch, then differentiated per element (mapped as the step's stages are:
+    workarounds.elementwise).
 
     backward_mode: how the step's constraint solver is differentiated; None uses the model's.
     With the implicit adjoint (not RK4), the differentiated step starts from the solution of the
@@ -68,5 +70,5 @@ def transition_jacobians(
         return _jacobians(m, d, step(m, d, backward_mode=mode), mode)
     flat = d.reshape(-1)
     solved = step(m, flat, backward_mode=mode)
-    jacobians = torch.vmap(lambda d, solved: _jacobians(m, d, solved, mode))(flat, solved)
+    jacobians = elementwise(lambda d, solved: _jacobians(m, d, solved, mode), True)(flat, solved)
     return tuple(x.reshape(*d.batch_size, *x.shape[1:]) for x in jacobians)
