@@ -522,7 +522,8 @@ def _replaced(record: Data | Contact, changes: dict[str, Tensor | Contact]) -> D
         if tuple(value.shape[: len(batch)]) != batch:
             raise ValueError(f"{cls.__name__}.replace: {name} has shape {tuple(value.shape)}, "
                              f"its leading dims must be the batch {batch}")
-    return record_from_entries(cls, {**storage._tensordict, **changes}, storage._batch_size, storage._device)
+    return record_from_entries(cls, {**storage._tensordict, **changes}, storage._batch_size, storage._device,
+                               storage._td_dim_names)
 
 
 # ---- the role of each Data field; make_data / put_data / get_data and checkpointed rollouts read these,

@@ -306,15 +306,16 @@ def _field_reader(name: str) -> Callable:
     return read
 
 
-def record_from_entries(cls, entries: dict, batch: torch.Size, device=None):
+def record_from_entries(cls, entries: dict, batch: torch.Size, device=None, dim_names=None):
     """A tensorclass record (``cls``: Data, Contact) holding ``entries`` as they are, with batch size
-    ``batch``: what ``TensorDict._new_unsafe`` and tensorclass's ``_from_tensordict`` set, without
-    their per-entry checks (the caller's entries are already shaped and placed)."""
+    ``batch`` (and tensordict's batch dim names, if any): what ``TensorDict._new_unsafe`` and
+    tensorclass's ``_from_tensordict`` set, without their per-entry checks (the caller's entries are
+    already shaped and placed)."""
     storage = TensorDict.__new__(TensorDict)
     object.__setattr__(storage, "_tensordict", entries)
     object.__setattr__(storage, "_batch_size", batch)
     object.__setattr__(storage, "_device", device)
-    object.__setattr__(storage, "_td_dim_names", None)
+    object.__setattr__(storage, "_td_dim_names", dim_names)
     record = cls.__new__(cls)
     object.__setattr__(record, "_tensordict", storage)
     object.__setattr__(record, "_non_tensordict", {})
