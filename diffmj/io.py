@@ -55,7 +55,7 @@ from diffmj.types import (
     WrapType,
 )
 
-_SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE)
+_SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE, TrnType.BODY)
 _SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT, DynType.MUSCLE,
                   DynType.DCMOTOR)
 _SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE, GainType.MUSCLE, GainType.DCMOTOR)
@@ -286,7 +286,7 @@ def put_model(
         opt=opt,
         tree=build_tree_plan(mjm, dtype, device),
         tendon_plan=build_tendon_plan(mjm, dtype, device),
-        actuator_plan=build_actuator_plan(mjm, dtype, device),
+        actuator_plan=build_actuator_plan(mjm, contact_geom, dtype, device),
         collision_plan=collision_plan,
         constraint_plan=constraint_plan,
         sensor_plan=build_sensor_plan(mjm, constraint_plan, contact_geom, dtype, device),

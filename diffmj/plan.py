@@ -94,6 +94,9 @@ class ActuatorPlan(PyTreeNode):
     site_act: Tensor  # site transmissions (no refsite)
     site_id: Tensor
     site_body: Tensor
+    body_act: Tensor  # [k] body (adhesion) transmissions
+    body_slot: Tensor  # [s] contact slots with a geom on the body of a body transmission
+    body_slot_act: Tensor  # [s] which of body_act each such slot belongs to
     act_index: Tensor  # [nu] index into act of the actuator's (last) activation; 0 if none
     has_act: Tensor  # [nu] 1 if the actuator has an activation state
     gain_affine: Tensor  # [nu]
@@ -179,7 +182,8 @@ def build_tendon_plan(mjm, dtype, device) -> TendonPlan:
     )
 
 
-def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
+def build_actuator_plan(mjm, contact_geom: np.ndarray, dtype, device) -> ActuatorPlan:
+    """contact_geom [ncon, 2]: geom ids of each contact slot (the collision plan's)."""
     nu = mjm.nu
     trn = mjm.actuator_trntype
     trnid = mjm.actuator_trnid[:, 0] if nu else np.zeros(0, int)
@@ -193,7 +197,14 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
     free = joint_acts((JointType.FREE,))
     tendon = [i for i in range(nu) if trn[i] == TrnType.TENDON]
     site = [i for i in range(nu) if trn[i] == TrnType.SITE]
-    concat = scalar + ball + free + tendon + site
+    body = [i for i in range(nu) if trn[i] == TrnType.BODY]
+    slot_body = mjm.geom_bodyid[contact_geom] if len(contact_geom) else np.zeros((0, 2), int)
+    body_slot, body_slot_act = [], []
+    for k, i in enumerate(body):
+        slots = np.flatnonzero((slot_body == trnid[i]).any(-1))
+        body_slot += list(slots)
+        body_slot_act += [k] * len(slots)
+    concat = scalar + ball + free + tendon + site + body
     order = np.argsort(np.asarray(concat, dtype=int)) if nu else np.zeros(0, int)
 
     actadr, actnum = mjm.actuator_actadr, mjm.actuator_actnum
@@ -238,6 +249,9 @@ def build_actuator_plan(mjm, dtype, device) -> ActuatorPlan:
         site_act=_long(site, device),
         site_id=_long(trnid[site], device),
         site_body=_long(mjm.site_bodyid[trnid[site]], device),
+        body_act=_long(body, device),
+        body_slot=_long(body_slot, device),
+        body_slot_act=_long(body_slot_act, device),
         act_index=_long(act_index, device),
         has_act=f(has_act),
         gain_affine=f(mjm.actuator_gaintype == GainType.AFFINE),

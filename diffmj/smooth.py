@@ -379,9 +379,34 @@ def transmission(m: Model, d: Data) -> Data:
         lengths.append(torch.zeros_like(wrench_force[:, 0]))
         moments.append(moment)
 
+    if plan.body_act.shape[0]:
+        moments.append(_adhesion_moment(m, d))
+        lengths.append(torch.zeros_like(moments[-1][:, 0]))
+
     length = torch.cat(lengths)[plan.order]
     moment = torch.cat(moments)[plan.order]
     return d.replace(actuator_length=length, actuator_moment=moment)
+
+
+def _adhesion_moment(m: Model, d: Data) -> Tensor:
+    """Moment arms of body (adhesion) transmissions: minus the mean over the body's contacts of the
+    normal Jacobian n . (J2 - J1) at the contact point (mj_transmission's mjTRN_BODY). [k, nv]
+
+    Every contact counts, those in the margin's gap too; MuJoCo averages a pyramidal contact's edge
+    rows, whose mean is this normal row. No contact: a zero moment.
+    """
+    plan = m.actuator_plan
+    slot = plan.body_slot
+    geom = m.collision_plan.contact_geom[slot]
+    pos, normal = d.contact.pos[slot], d.contact.frame[slot, 0]
+    jac1, _ = jac(m, d, pos, m.tree.geom_bodyid[geom[:, 0]])
+    jac2, _ = jac(m, d, pos, m.tree.geom_bodyid[geom[:, 1]])
+    present = torch.isfinite(d.contact.dist[slot])
+    rate = torch.where(present[:, None], (normal[:, None, :] @ (jac2 - jac1))[:, 0], 0.0)  # [s, nv]
+    k = plan.body_act.shape[0]
+    total = rate.new_zeros(k, m.nv).index_add(0, plan.body_slot_act, rate)
+    count = rate.new_zeros(k).index_add(0, plan.body_slot_act, present.to(rate.dtype))
+    return -total / torch.clamp(count, min=1.0)[:, None]
 
 
 def contact_force(m: Model, d: Data) -> Tensor:
