@@ -55,7 +55,8 @@ from diffmj.types import (
     WrapType,
 )
 
-_SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE, TrnType.BODY)
+_SUPPORTED_TRN = (TrnType.JOINT, TrnType.JOINTINPARENT, TrnType.TENDON, TrnType.SITE, TrnType.SLIDERCRANK,
+                  TrnType.BODY)
 _SUPPORTED_DYN = (DynType.NONE, DynType.INTEGRATOR, DynType.FILTER, DynType.FILTEREXACT, DynType.MUSCLE,
                   DynType.DCMOTOR)
 _SUPPORTED_GAIN = (GainType.FIXED, GainType.AFFINE, GainType.MUSCLE, GainType.DCMOTOR)

@@ -94,6 +94,11 @@ class ActuatorPlan(PyTreeNode):
     site_act: Tensor  # site transmissions (no refsite)
     site_id: Tensor
     site_body: Tensor
+    slidercrank_act: Tensor  # [k] slider-crank transmissions
+    slidercrank_crank: Tensor  # [k] crank site
+    slidercrank_slider: Tensor  # [k] slider site (its z axis is the slider's)
+    slidercrank_crank_body: Tensor  # [k] bodies of the crank and slider sites
+    slidercrank_slider_body: Tensor
     body_act: Tensor  # [k] body (adhesion) transmissions
     body_slot: Tensor  # [s] contact slots with a geom on the body of a body transmission
     body_slot_act: Tensor  # [s] which of body_act each such slot belongs to
@@ -197,6 +202,8 @@ def build_actuator_plan(mjm, contact_geom: np.ndarray, dtype, device) -> Actuato
     free = joint_acts((JointType.FREE,))
     tendon = [i for i in range(nu) if trn[i] == TrnType.TENDON]
     site = [i for i in range(nu) if trn[i] == TrnType.SITE]
+    slidercrank = [i for i in range(nu) if trn[i] == TrnType.SLIDERCRANK]
+    slider_site = mjm.actuator_trnid[slidercrank, 1] if nu else np.zeros(0, int)
     body = [i for i in range(nu) if trn[i] == TrnType.BODY]
     slot_body = mjm.geom_bodyid[contact_geom] if len(contact_geom) else np.zeros((0, 2), int)
     body_slot, body_slot_act = [], []
@@ -204,7 +211,7 @@ def build_actuator_plan(mjm, contact_geom: np.ndarray, dtype, device) -> Actuato
         slots = np.flatnonzero((slot_body == trnid[i]).any(-1))
         body_slot += list(slots)
         body_slot_act += [k] * len(slots)
-    concat = scalar + ball + free + tendon + site + body
+    concat = scalar + ball + free + tendon + site + slidercrank + body
     order = np.argsort(np.asarray(concat, dtype=int)) if nu else np.zeros(0, int)
 
     actadr, actnum = mjm.actuator_actadr, mjm.actuator_actnum
@@ -249,6 +256,11 @@ def build_actuator_plan(mjm, contact_geom: np.ndarray, dtype, device) -> Actuato
         site_act=_long(site, device),
         site_id=_long(trnid[site], device),
         site_body=_long(mjm.site_bodyid[trnid[site]], device),
+        slidercrank_act=_long(slidercrank, device),
+        slidercrank_crank=_long(trnid[slidercrank], device),
+        slidercrank_slider=_long(slider_site, device),
+        slidercrank_crank_body=_long(mjm.site_bodyid[trnid[slidercrank]], device),
+        slidercrank_slider_body=_long(mjm.site_bodyid[slider_site], device),
         body_act=_long(body, device),
         body_slot=_long(body_slot, device),
         body_slot_act=_long(body_slot_act, device),

@@ -379,6 +379,12 @@ def transmission(m: Model, d: Data) -> Data:
         lengths.append(torch.zeros_like(wrench_force[:, 0]))
         moments.append(moment)
 
+    if plan.slidercrank_act.shape[0]:
+        length, moment = _slider_crank(m, d)
+        g = gear[plan.slidercrank_act, 0]
+        lengths.append(length * g)
+        moments.append(moment * g[:, None])
+
     if plan.body_act.shape[0]:
         moments.append(_adhesion_moment(m, d))
         lengths.append(torch.zeros_like(moments[-1][:, 0]))
@@ -386,6 +392,33 @@ def transmission(m: Model, d: Data) -> Data:
     length = torch.cat(lengths)[plan.order]
     moment = torch.cat(moments)[plan.order]
     return d.replace(actuator_length=length, actuator_moment=moment)
+
+
+def _slider_crank(m: Model, d: Data) -> tuple[Tensor, Tensor]:
+    """Lengths [k] and moments [k, nv] (before the gear) of slider-crank transmissions (mj_transmission).
+
+    length = a'v - sqrt(det), det = (a'v)^2 + r^2 - v'v, with a the slider site's z axis, v the
+    vector from the slider site to the crank site, r the rod's length; where the rod cannot reach
+    (det <= 0) MuJoCo takes length = a'v and the derivatives of a'v.
+    """
+    plan = m.actuator_plan
+    crank, slider = plan.slidercrank_crank, plan.slidercrank_slider
+    axis = d.site_xmat[slider, :, 2]
+    vec = d.site_xpos[crank] - d.site_xpos[slider]
+    rod = m.actuator_cranklength[plan.slidercrank_act]
+    av = (vec * axis).sum(-1)
+    det = av * av + rod * rod - (vec * vec).sum(-1)
+    reach = det > 0
+    sdet = torch.sqrt(torch.where(reach, det, 1.0))
+    length = torch.where(reach, av - sdet, av)
+    scale = torch.where(reach, 1 - av / sdet, 1.0)[:, None]
+    dl_dvec = axis * scale + torch.where(reach[:, None], vec / sdet[:, None], 0.0)
+    dl_daxis = vec * scale
+    jac_slider, jacr_slider = jac(m, d, d.site_xpos[slider], plan.slidercrank_slider_body)
+    jac_crank, _ = jac(m, d, d.site_xpos[crank], plan.slidercrank_crank_body)
+    jac_axis = math.cross(jacr_slider.transpose(-1, -2), axis[:, None, :]).transpose(-1, -2)  # d axis / dq
+    moment = (dl_daxis[:, :, None] * jac_axis + dl_dvec[:, :, None] * (jac_crank - jac_slider)).sum(1)
+    return length, moment
 
 
 def _adhesion_moment(m: Model, d: Data) -> Tensor:

@@ -323,6 +323,7 @@ class Model(PyTreeNode):
     actuator_actlimited: tuple[int, ...] = static_field()
     actuator_actearly: tuple[int, ...] = static_field()
     actuator_gear: Tensor  # [nu, 6]
+    actuator_cranklength: Tensor  # [nu] rod length of slider-crank transmissions
     actuator_gainprm: Tensor  # [nu, 10]
     actuator_biasprm: Tensor  # [nu, 10]
     actuator_dynprm: Tensor  # [nu, 10]
