@@ -377,6 +377,7 @@ def replace_convex_contacts(mjm: mujoco.MjModel, mjd: mujoco.MjData, m: diffmj.M
     mujoco.mj_makeConstraint(mjm, mjd)
     mujoco.mj_island(mjm, mjd)
     mujoco.mj_projectConstraint(mjm, mjd)
+    mujoco.mj_transmission(mjm, mjd)  # last of mj_fwdPosition: adhesion's moment arms read the contacts
     mujoco.mj_forwardSkip(mjm, mjd, mujoco.mjtStage.mjSTAGE_POS, 0)
     return ""
 
