@@ -460,11 +460,44 @@ def _quat_deriv(quat: Tensor, vel: Tensor) -> Tensor:
     return 0.5 * math.quat_mul(torch.cat((torch.zeros_like(vel[:, :1]), vel), -1), quat)
 
 
+def _surface_velocity(m: Model, d: Data) -> Tensor:
+    """Relative surface velocity (geom 2's minus geom 1's) of each contact along its rows: its tangent
+    and spin components, none along the normal or rolling (mj_addSurfaceVel). [nefc]
+
+    A geom's surface moves at geom_surfacevel (linear, angular; in the geom's frame) relative to the
+    geom, the linear part taken at the geom's centre.
+    """
+    plan = m.constraint_plan
+    out = d.efc_J.new_zeros(plan.nefc)
+    in_plane = out.new_tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    for group in plan.contacts:
+        geom = m.collision_plan.contact_geom[group.slot]
+        pos, frame = d.contact.pos[group.slot], d.contact.frame[group.slot]
+        lin, ang = torch.zeros_like(pos), torch.zeros_like(pos)
+        for side, sign in ((0, -1.0), (1, 1.0)):
+            g = geom[:, side]
+            xmat, surface = d.geom_xmat[g], m.geom_surfacevel[g]
+            w = (xmat @ surface[:, 3:, None])[..., 0]
+            v = (xmat @ surface[:, :3, None])[..., 0] + math.cross(w, pos - d.geom_xpos[g])
+            lin, ang = lin + sign * v, ang + sign * w
+        frame_vel = torch.cat(((frame @ lin[..., None])[..., 0], (frame @ ang[..., None])[..., 0]), -1) * in_plane
+        if group.dim == 1 or plan.elliptic:
+            rows = frame_vel[:, : group.dim]
+        else:  # opposing pyramid edges n +- mu_i t_i
+            tangent = frame_vel[:, 1 : group.dim] * d.contact.friction[group.slot, : group.dim - 1]
+            rows = torch.stack((tangent, -tangent), -1).flatten(1)
+        index = group.row[:, None] + torch.arange(group.rows_per_contact, device=group.row.device)
+        out = out.index_copy(0, index.flatten(), rows.flatten())
+    return out
+
+
 def reference_constraint(m: Model, d: Data) -> Data:
     """Constraint velocities and reference accelerations (mj_referenceConstraint)."""
     if not m.constraint_plan.nefc:
         return d
     vel = d.efc_J @ d.qvel
+    if m.constraint_plan.surface_velocity:
+        vel = vel + _surface_velocity(m, d)
     K, B, imp = d.efc_KBIP[:, 0], d.efc_KBIP[:, 1], d.efc_KBIP[:, 2]
     aref = -B * vel - K * imp * (d.efc_pos - d.efc_margin)
     if m.constraint_plan.ne:

@@ -86,7 +86,6 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         (mjm.nplugin, "plugin"),
         (mjm.nplastic, "plasticity (springyield)"),
         (mjm.nhistory, "actuator / sensor history buffers"),
-        (mjm.flg_surfacevel, "geom surface velocity"),
         (mjm.flg_adhesion, "adhesion"),
     ):
         if count:

@@ -394,6 +394,7 @@ class ConstraintPlan(PyTreeNode):
     eq_obj2: Tensor  # [neq] second object (0 when there is none)
     eq_has_obj2: Tensor  # [neq] 1 when the equality has a second object
     frictional_rows: Tensor  # [nefc] bool: frictionloss and elliptic tangent rows (no stiffness)
+    surface_velocity: bool = static_field()  # some geom has a surface velocity (mjModel.flg_surfacevel)
     # constraint islands (mj_island): the kinematic trees (MuJoCo's tree ids) each row touches
     efc_tree: Tensor  # [nefc, ntree] 1 where MuJoCo names the row's trees (dof, joint, geoms, connect / weld bodies)
     efc_tree_from_J: Tensor  # [nefc] bool: the other rows, whose trees are those of their Jacobian's nonzeros
@@ -524,6 +525,7 @@ def build_constraint_plan(mjm, collision_plan: CollisionPlan, dtype, device) -> 
         eq_obj2=_long(np.maximum(obj2, 0), device),
         eq_has_obj2=_floats(obj2 >= 0, dtype, device),
         frictional_rows=torch.as_tensor(frictional, dtype=torch.bool, device=device),
+        surface_velocity=bool(mjm.flg_surfacevel),
         **{name: _long(ids, device) for name, ids in elements.items()},
         contacts=tuple(contacts),
         efc_type=tuple(efc_type),

@@ -251,6 +251,7 @@ class Model(PyTreeNode):
     geom_quat: Tensor  # [ngeom, 4]
     geom_size: Tensor  # [ngeom, 3]
     geom_friction: Tensor  # [ngeom, 3]
+    geom_surfacevel: Tensor  # [ngeom, 6] linear, angular velocity of the surface in the geom's frame
     geom_solref: Tensor  # [ngeom, 2]
     geom_solimp: Tensor  # [ngeom, 5]
     geom_solmix: Tensor  # [ngeom]
