@@ -103,7 +103,8 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
     them. Differentiable in ``value`` and usable under ``torch.func`` (``grad``, ``vmap`` over
     values). Raises ValueError as ``get_param`` does, for a value that does not broadcast, and for
     fluid parameters (``FLUID_PARAMS``) of a model put_model loaded without fluid forces, for
-    ``body_gravcomp`` of a model loaded without gravity compensation, and for a geom that would reach
+    ``body_gravcomp`` of a model loaded without gravity compensation, ``geom_surfacevel`` of one loaded
+    without surface velocities, and for a geom that would reach
     past the hfield cells put_model planned for it (``HFIELD_REACH_PARAMS``; ``check_hfield_reach``).
     """
     current = _field(m, name)
@@ -114,6 +115,10 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
     if name == "body_gravcomp" and not m.tree.gravcomp_body.shape[0]:
         raise ValueError("'body_gravcomp': the model was loaded with no body's gravcomp set (MuJoCo's ngravcomp = "
                          "0), so put_model planned no gravity compensation; set a gravcomp on the "
+                         "mujoco.MjModel and call diffmj.put_model again")
+    if name == "geom_surfacevel" and not m.constraint_plan.surface_velocity:
+        raise ValueError("'geom_surfacevel': the model was loaded with no geom's surface velocity set (MuJoCo's "
+                         "flg_surfacevel = 0), so its constraint rows add none; set a surfacevel on the "
                          "mujoco.MjModel and call diffmj.put_model again")
     if not isinstance(value, Tensor):
         value = torch.as_tensor(value, dtype=current.dtype, device=current.device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import diffmj
-from tests.conftest import TOL, assert_close, match_efc, mj_model
+from tests.conftest import MODELS, TOL, assert_close, match_efc, mj_model
 
 CONES = {"pyramidal": mujoco.mjtCone.mjCONE_PYRAMIDAL, "elliptic": mujoco.mjtCone.mjCONE_ELLIPTIC}
 
@@ -52,10 +52,10 @@ def test_surface_velocity_batched_and_differentiable():
     mjm, mjd = _start("pyramidal")
     m = diffmj.put_model(mjm)
     d0 = diffmj.put_data(m, mjd)
-    belt = mjm.geom("belt").id
+    rest = m.geom_surfacevel[mjm.geom("belt").id, 1:]
 
     def crate_x(speed, qvel):
-        model = m.replace(geom_surfacevel=m.geom_surfacevel.index_put((torch.tensor(belt), torch.tensor(0)), speed))
+        model = diffmj.set_param(m, "geom_surfacevel", torch.cat((speed[None], rest)), "belt")
         d = d0.replace(qvel=qvel)
         for _ in range(50):
             d = diffmj.step(model, d)
@@ -67,3 +67,9 @@ def test_surface_velocity_batched_and_differentiable():
     assert_close("vmap", torch.vmap(crate_x, in_dims=(None, 0))(speed, qvel), each)
     grad = torch.func.grad(crate_x)(speed, d0.qvel)
     assert 0.05 < grad < 0.1, grad  # the crate accelerates to the belt's speed within the first steps
+
+
+def test_surface_velocity_refused_where_not_loaded():
+    m = diffmj.load(MODELS / "pendulum.xml")
+    with pytest.raises(ValueError, match="no geom's surface velocity set"):
+        diffmj.set_param(m, "geom_surfacevel", 1.0)
