@@ -137,8 +137,6 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         trn = mjm.actuator_trntype[i]
         if trn not in _SUPPORTED_TRN:
             _refuse(f"{aname}: transmission '{TrnType(trn).name.lower()}'")
-        if trn == TrnType.SITE and mjm.actuator_trnid[i, 1] >= 0:
-            _refuse(f"{aname}: site transmission with refsite")
         _check_dcmotor(mjm, i, aname)
         if mjm.actuator_dyntype[i] not in _SUPPORTED_DYN:
             _refuse(f"{aname}: dynamics '{DynType(mjm.actuator_dyntype[i]).name.lower()}'")

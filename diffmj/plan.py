@@ -91,9 +91,15 @@ class ActuatorPlan(PyTreeNode):
     free_inparent: Tensor
     tendon_act: Tensor  # tendon transmissions
     tendon_id: Tensor
-    site_act: Tensor  # site transmissions (no refsite)
+    site_act: Tensor  # site transmissions without a reference site
     site_id: Tensor
     site_body: Tensor
+    refsite_act: Tensor  # [k] site transmissions relative to a reference site
+    refsite_site: Tensor  # [k] the actuated site and its reference site
+    refsite_ref: Tensor
+    refsite_site_body: Tensor  # [k] their bodies
+    refsite_ref_body: Tensor
+    refsite_free_dofs: Tensor  # [k, nv] 0 on the dofs that move both sites (their common ancestral chain)
     slidercrank_act: Tensor  # [k] slider-crank transmissions
     slidercrank_crank: Tensor  # [k] crank site
     slidercrank_slider: Tensor  # [k] slider site (its z axis is the slider's)
@@ -187,6 +193,28 @@ def build_tendon_plan(mjm, dtype, device) -> TendonPlan:
     )
 
 
+def _off_common_chain(mjm, i: int) -> np.ndarray:
+    """[nv] 1, but 0 on the dofs moving both the site and the reference site of site actuator i: from
+    the last dof of each site's weld body up the dof tree to their first common dof (mj_transmission)."""
+    keep = np.ones(mjm.nv)
+    last = []
+    for site in mjm.actuator_trnid[i]:
+        body = mjm.body_weldid[mjm.site_bodyid[site]]
+        last.append(mjm.body_dofadr[body] + mjm.body_dofnum[body] - 1)
+    a, b = last
+    if a < 0 or b < 0:
+        return keep
+    while a != b and a >= 0 and b >= 0:
+        if a < b:
+            b = mjm.dof_parentid[b]
+        else:
+            a = mjm.dof_parentid[a]
+    while a == b and a >= 0:
+        keep[a] = 0
+        a = b = mjm.dof_parentid[a]
+    return keep
+
+
 def build_actuator_plan(mjm, contact_geom: np.ndarray, dtype, device) -> ActuatorPlan:
     """contact_geom [ncon, 2]: geom ids of each contact slot (the collision plan's)."""
     nu = mjm.nu
@@ -201,9 +229,11 @@ def build_actuator_plan(mjm, contact_geom: np.ndarray, dtype, device) -> Actuato
     ball = joint_acts((JointType.BALL,))
     free = joint_acts((JointType.FREE,))
     tendon = [i for i in range(nu) if trn[i] == TrnType.TENDON]
-    site = [i for i in range(nu) if trn[i] == TrnType.SITE]
+    site = [i for i in range(nu) if trn[i] == TrnType.SITE and mjm.actuator_trnid[i, 1] < 0]
+    refsite = [i for i in range(nu) if trn[i] == TrnType.SITE and mjm.actuator_trnid[i, 1] >= 0]
     slidercrank = [i for i in range(nu) if trn[i] == TrnType.SLIDERCRANK]
     slider_site = mjm.actuator_trnid[slidercrank, 1] if nu else np.zeros(0, int)
+    ref_site = mjm.actuator_trnid[refsite, 1] if nu else np.zeros(0, int)
     body = [i for i in range(nu) if trn[i] == TrnType.BODY]
     slot_body = mjm.geom_bodyid[contact_geom] if len(contact_geom) else np.zeros((0, 2), int)
     body_slot, body_slot_act = [], []
@@ -211,7 +241,7 @@ def build_actuator_plan(mjm, contact_geom: np.ndarray, dtype, device) -> Actuato
         slots = np.flatnonzero((slot_body == trnid[i]).any(-1))
         body_slot += list(slots)
         body_slot_act += [k] * len(slots)
-    concat = scalar + ball + free + tendon + site + slidercrank + body
+    concat = scalar + ball + free + tendon + site + refsite + slidercrank + body
     order = np.argsort(np.asarray(concat, dtype=int)) if nu else np.zeros(0, int)
 
     actadr, actnum = mjm.actuator_actadr, mjm.actuator_actnum
@@ -256,6 +286,13 @@ def build_actuator_plan(mjm, contact_geom: np.ndarray, dtype, device) -> Actuato
         site_act=_long(site, device),
         site_id=_long(trnid[site], device),
         site_body=_long(mjm.site_bodyid[trnid[site]], device),
+        refsite_act=_long(refsite, device),
+        refsite_site=_long(trnid[refsite], device),
+        refsite_ref=_long(ref_site, device),
+        refsite_site_body=_long(mjm.site_bodyid[trnid[refsite]], device),
+        refsite_ref_body=_long(mjm.site_bodyid[ref_site], device),
+        refsite_free_dofs=_floats([_off_common_chain(mjm, i) for i in refsite], dtype, device).reshape(
+            len(refsite), mjm.nv),
         slidercrank_act=_long(slidercrank, device),
         slidercrank_crank=_long(trnid[slidercrank], device),
         slidercrank_slider=_long(slider_site, device),

@@ -379,6 +379,11 @@ def transmission(m: Model, d: Data) -> Data:
         lengths.append(torch.zeros_like(wrench_force[:, 0]))
         moments.append(moment)
 
+    if plan.refsite_act.shape[0]:
+        length, moment = _site_relative(m, d, gear[plan.refsite_act])
+        lengths.append(length)
+        moments.append(moment)
+
     if plan.slidercrank_act.shape[0]:
         length, moment = _slider_crank(m, d)
         g = gear[plan.slidercrank_act, 0]
@@ -392,6 +397,29 @@ def transmission(m: Model, d: Data) -> Data:
     length = torch.cat(lengths)[plan.order]
     moment = torch.cat(moments)[plan.order]
     return d.replace(actuator_length=length, actuator_moment=moment)
+
+
+def _site_relative(m: Model, d: Data, gear: Tensor) -> tuple[Tensor, Tensor]:
+    """Lengths [k] and moments [k, nv] of site transmissions with a reference site (mj_transmission).
+
+    The length is the site's position in the reference site's frame and its rotation from it (as
+    mju_subQuat of the two frames' quaternions, each its body's xquat * site_quat)
+    along the gear; the moment the gear's wrench in the reference frame through the difference of
+    the two sites' Jacobians, without the dofs that move both.
+    """
+    plan = m.actuator_plan
+    site, ref = plan.refsite_site, plan.refsite_ref
+    ref_mat = d.site_xmat[ref]
+    local = (ref_mat.transpose(-1, -2) @ (d.site_xpos[site] - d.site_xpos[ref])[..., None])[..., 0]
+    quat = math.quat_mul(d.xquat[plan.refsite_site_body], m.site_quat[site])
+    ref_quat = math.quat_mul(d.xquat[plan.refsite_ref_body], m.site_quat[ref])
+    length = (local * gear[:, :3]).sum(-1) + (math.quat_sub(quat, ref_quat) * gear[:, 3:]).sum(-1)
+    jacp, jacr = jac(m, d, d.site_xpos[site], plan.refsite_site_body)
+    ref_jacp, ref_jacr = jac(m, d, d.site_xpos[ref], plan.refsite_ref_body)
+    force = (ref_mat @ gear[:, :3, None])[..., 0]
+    torque = (ref_mat @ gear[:, 3:, None])[..., 0]
+    moment = ((jacp - ref_jacp) * force[..., None]).sum(1) + ((jacr - ref_jacr) * torque[..., None]).sum(1)
+    return length, moment * plan.refsite_free_dofs
 
 
 def _slider_crank(m: Model, d: Data) -> tuple[Tensor, Tensor]:
