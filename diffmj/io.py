@@ -86,7 +86,7 @@ def check_supported(mjm: mujoco.MjModel) -> None:
         (mjm.nplugin, "plugin"),
         (mjm.nplastic, "plasticity (springyield)"),
         (mjm.nhistory, "actuator / sensor history buffers"),
-        (mjm.flg_adhesion, "adhesion"),
+        (mjm.flg_adhesion, "contact adhesion (geom / pair adhesion)"),
     ):
         if count:
             _refuse(feature)

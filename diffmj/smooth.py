@@ -392,7 +392,7 @@ def transmission(m: Model, d: Data) -> Data:
 
     if plan.body_act.shape[0]:
         moments.append(_adhesion_moment(m, d))
-        lengths.append(torch.zeros_like(moments[-1][:, 0]))
+        lengths.append(moments[-1].new_zeros(plan.body_act.shape[0]))
 
     length = torch.cat(lengths)[plan.order]
     moment = torch.cat(moments)[plan.order]
