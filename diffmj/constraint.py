@@ -18,7 +18,7 @@ from torch import Tensor
 
 from diffmj import math
 from diffmj.plan import ROW_BLOCKS
-from diffmj.smooth import jac
+from diffmj.smooth import jac, jac_dif_frame
 from diffmj.types import Data, DisableBit, Model
 
 MINIMP, MAXIMP = 1e-4, 0.9999  # mjMINIMP, mjMAXIMP
@@ -221,10 +221,8 @@ def _contact_rows(m: Model, d: Data, group) -> Rows:
     geom = m.collision_plan.contact_geom[slot]
     body1, body2 = m.tree.geom_bodyid[geom[:, 0]], m.tree.geom_bodyid[geom[:, 1]]
     pos, frame = con.pos[slot], con.frame[slot]
-    jacp1, jacr1 = jac(m, d, pos, body1)
-    jacp2, jacr2 = jac(m, d, pos, body2)
-    # contact-frame Jacobian rows: normal, tangents, then spin and rolls [k, 6, nv]
-    full = torch.cat((frame @ (jacp2 - jacp1), frame @ (jacr2 - jacr1)), 1)[:, :dim]
+    # contact-frame Jacobian rows: normal, tangents, then spin and rolls [k, dim, nv]
+    full = jac_dif_frame(m, d, pos, body1, body2, frame[:, : min(dim, 3)], rotation=dim > 3)[:, :dim]
     friction = con.friction[slot]
     dist = torch.where(con.active[slot], con.dist[slot], 0.0)  # no inf past this point
     includemargin = con.includemargin[slot]

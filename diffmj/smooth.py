@@ -311,6 +311,30 @@ def jac(m: Model, d: Data, point: Tensor, body: Tensor) -> tuple[Tensor, Tensor]
     return jacp, ang * mask
 
 
+def jac_dif_frame(m: Model, d: Data, point: Tensor, body1: Tensor, body2: Tensor, frame: Tensor,
+                  rotation: bool = False) -> Tensor:
+    """frame @ (J(body2) - J(body1)) of points moving with both bodies (mj_jacDifPair turned into a
+    contact frame): the translational rows [k, r, nv], then with ``rotation`` the rotational ones
+    ([k, 2 r, nv] in all).
+
+    point [k, 3] world, body1 / body2 [k] ids, frame [k, r, 3] rows. Along a frame row f, a dof's
+    motion cdof = (ang, lin) moves the point at f.lin + f.(ang x o) = (o x f, f) . cdof, with o the
+    point's offset from its tree's subtree com: one [k, r, 6] @ [6, nv] product per body instead of
+    a cross product per point and dof. Dofs moving both bodies drop out (exact zeros).
+    """
+    tree = m.tree
+    mask1, mask2 = tree.body_dof_ancestor[body1], tree.body_dof_ancestor[body2]  # [k, nv] of 0 / 1
+    only1, only2 = (mask1 * (1 - mask2))[:, None, :], (mask2 * (1 - mask1))[:, None, :]
+    cdof = d.cdof.transpose(-1, -2)  # [6, nv]
+
+    def translation(body: Tensor) -> Tensor:  # [k, r, nv], every dof's column
+        offset = point - d.subtree_com[tree.body_rootid[body]]
+        return torch.cat((math.cross(offset[:, None, :], frame), frame), -1) @ cdof
+
+    rows = translation(body2) * only2 - translation(body1) * only1
+    return torch.cat((rows, (frame @ cdof[:3]) * (only2 - only1)), 1) if rotation else rows
+
+
 def apply_ft(
     m: Model, d: Data, force: Tensor, torque: Tensor, point: Tensor, body: Tensor | None = None
 ) -> Tensor:
@@ -460,10 +484,10 @@ def _adhesion_moment(m: Model, d: Data) -> Tensor:
     slot = plan.body_slot
     geom = m.collision_plan.contact_geom[slot]
     pos, normal = d.contact.pos[slot], d.contact.frame[slot, 0]
-    jac1, _ = jac(m, d, pos, m.tree.geom_bodyid[geom[:, 0]])
-    jac2, _ = jac(m, d, pos, m.tree.geom_bodyid[geom[:, 1]])
+    body1, body2 = m.tree.geom_bodyid[geom[:, 0]], m.tree.geom_bodyid[geom[:, 1]]
     present = torch.isfinite(d.contact.dist[slot])
-    rate = torch.where(present[:, None], (normal[:, None, :] @ (jac2 - jac1))[:, 0], 0.0)  # [s, nv]
+    normal_rate = jac_dif_frame(m, d, pos, body1, body2, normal[:, None, :])[:, 0]  # [s, nv]
+    rate = torch.where(present[:, None], normal_rate, 0.0)
     k = plan.body_act.shape[0]
     total = rate.new_zeros(k, m.nv).index_add(0, plan.body_slot_act, rate)
     count = rate.new_zeros(k).index_add(0, plan.body_slot_act, present.to(rate.dtype))

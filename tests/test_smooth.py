@@ -142,6 +142,33 @@ def test_jac_and_apply_ft(smooth_model, seed):
     assert_close("apply_ft", qfrc, expected_qfrc)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_jac_dif_frame(smooth_model, seed):
+    """frame @ (J(body2) - J(body1)) against MuJoCo's mj_jac, every pair of bodies; the columns of
+    dofs that move both bodies are exact zeros (as mj_jacDifPair skips them)."""
+    m, mjd = _setup(smooth_model, seed)
+    ref = reference(m, mjd)
+    rng = np.random.default_rng(seed)
+    pairs = np.array([(b1, b2) for b1 in range(m.nbody) for b2 in range(m.nbody)])
+    points, frames = rng.standard_normal((len(pairs), 3)), rng.standard_normal((len(pairs), 3, 3))
+    rows = smooth.jac_dif_frame(m, ref, torch.as_tensor(points), torch.as_tensor(pairs[:, 0]),
+                                torch.as_tensor(pairs[:, 1]), torch.as_tensor(frames), rotation=True)
+    ancestor = m.tree.body_dof_ancestor.numpy()
+    for i, (b1, b2) in enumerate(pairs):
+        jacs = []
+        for b in (b1, b2):
+            jacp, jacr = np.zeros((3, m.nv)), np.zeros((3, m.nv))
+            mujoco.mj_jac(smooth_model, mjd, jacp, jacr, points[i], int(b))
+            jacs.append((jacp, jacr))
+        expected = np.concatenate([frames[i] @ (two - one) for one, two in zip(*jacs)])
+        assert_close(f"bodies {b1}, {b2}", rows[i], expected)
+        shared = (ancestor[b1] * ancestor[b2]) > 0
+        assert (rows[i][:, torch.as_tensor(shared)] == 0).all()
+    translation = smooth.jac_dif_frame(m, ref, torch.as_tensor(points), torch.as_tensor(pairs[:, 0]),
+                                       torch.as_tensor(pairs[:, 1]), torch.as_tensor(frames[:, :1]))
+    assert_close("one frame row", translation, rows[:, :1])
+
+
 @pytest.mark.slow
 def test_compiled_kinematics_equals_eager():
     """Kinematics (every joint type) compiled by inductor equals eager: a formulation of the quaternion
