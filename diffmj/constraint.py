@@ -467,7 +467,7 @@ def _surface_velocity(m: Model, d: Data) -> Tensor:
     """
     plan = m.constraint_plan
     out = d.efc_J.new_zeros(plan.nefc)
-    in_plane = out.new_tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    tangent_and_spin = out.new_tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
     for group in plan.contacts:
         geom = m.collision_plan.contact_geom[group.slot]
         pos, frame = d.contact.pos[group.slot], d.contact.frame[group.slot]
@@ -478,7 +478,7 @@ def _surface_velocity(m: Model, d: Data) -> Tensor:
             w = (xmat @ surface[:, 3:, None])[..., 0]
             v = (xmat @ surface[:, :3, None])[..., 0] + math.cross(w, pos - d.geom_xpos[g])
             lin, ang = lin + sign * v, ang + sign * w
-        frame_vel = torch.cat(((frame @ lin[..., None])[..., 0], (frame @ ang[..., None])[..., 0]), -1) * in_plane
+        frame_vel = torch.cat(((frame @ lin[..., None])[..., 0], (frame @ ang[..., None])[..., 0]), -1) * tangent_and_spin
         if group.dim == 1 or plan.elliptic:
             rows = frame_vel[:, : group.dim]
         else:  # opposing pyramid edges n +- mu_i t_i

@@ -40,7 +40,7 @@ def test_surface_velocity_rows_and_rollout(cone):
             assert_close("efc_vel", out.efc_vel[ours], mjd.efc_vel[theirs])
             assert_close("efc_aref", out.efc_aref[ours], mjd.efc_aref[theirs], TOL["impedance"])
             dims |= {int(c.dim) for c in mjd.contact}
-    assert dims == {1, 3, 4}
+    assert dims == {1, 3, 4, 6}
     for name in ("qpos", "qvel"):
         assert_close(name, getattr(d, name), getattr(mjd, name), TOL["rollout"])
     # that the surface velocity acts at all (the crate would otherwise be near rest, 0.5 m/s off), not a
