@@ -478,7 +478,8 @@ def _surface_velocity(m: Model, d: Data) -> Tensor:
             w = (xmat @ surface[:, 3:, None])[..., 0]
             v = (xmat @ surface[:, :3, None])[..., 0] + math.cross(w, pos - d.geom_xpos[g])
             lin, ang = lin + sign * v, ang + sign * w
-        frame_vel = torch.cat(((frame @ lin[..., None])[..., 0], (frame @ ang[..., None])[..., 0]), -1) * tangent_and_spin
+        frame_vel = torch.cat(((frame @ lin[..., None])[..., 0], (frame @ ang[..., None])[..., 0]), -1)
+        frame_vel = frame_vel * tangent_and_spin
         if group.dim == 1 or plan.elliptic:
             rows = frame_vel[:, : group.dim]
         else:  # opposing pyramid edges n +- mu_i t_i
