@@ -99,7 +99,7 @@ class ActuatorPlan(PyTreeNode):
     refsite_ref: Tensor
     refsite_site_body: Tensor  # [k] their bodies
     refsite_ref_body: Tensor
-    refsite_free_dofs: Tensor  # [k, nv] 0 on the dofs that move both sites (their common ancestral chain)
+    refsite_unshared_dofs: Tensor  # [k, nv] 1 on the dofs that move one site only, 0 on their common ancestral chain
     slidercrank_act: Tensor  # [k] slider-crank transmissions
     slidercrank_crank: Tensor  # [k] crank site
     slidercrank_slider: Tensor  # [k] slider site (its z axis is the slider's)
@@ -291,7 +291,7 @@ def build_actuator_plan(mjm, contact_geom: np.ndarray, dtype, device) -> Actuato
         refsite_ref=_long(ref_site, device),
         refsite_site_body=_long(mjm.site_bodyid[trnid[refsite]], device),
         refsite_ref_body=_long(mjm.site_bodyid[ref_site], device),
-        refsite_free_dofs=_floats([_off_common_chain(mjm, i) for i in refsite], dtype, device).reshape(
+        refsite_unshared_dofs=_floats([_off_common_chain(mjm, i) for i in refsite], dtype, device).reshape(
             len(refsite), mjm.nv),
         slidercrank_act=_long(slidercrank, device),
         slidercrank_crank=_long(trnid[slidercrank], device),

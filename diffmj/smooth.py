@@ -443,7 +443,7 @@ def _site_relative(m: Model, d: Data, gear: Tensor) -> tuple[Tensor, Tensor]:
     force = (ref_mat @ gear[:, :3, None])[..., 0]
     torque = (ref_mat @ gear[:, 3:, None])[..., 0]
     moment = ((jacp - ref_jacp) * force[..., None]).sum(1) + ((jacr - ref_jacr) * torque[..., None]).sum(1)
-    return length, moment * plan.refsite_free_dofs
+    return length, moment * plan.refsite_unshared_dofs
 
 
 def _slider_crank(m: Model, d: Data) -> tuple[Tensor, Tensor]:
