@@ -99,7 +99,7 @@ class ActuatorPlan(PyTreeNode):
     refsite_ref: Tensor
     refsite_site_body: Tensor  # [k] their bodies
     refsite_ref_body: Tensor
-    refsite_unshared_dofs: Tensor  # [k, nv] 1 on the dofs that move one site only, 0 on their common ancestral chain
+    refsite_unshared_dofs: Tensor  # [k, nv] 0 on the dofs moving both sites (their common ancestral chain), 1 elsewhere
     slidercrank_act: Tensor  # [k] slider-crank transmissions
     slidercrank_crank: Tensor  # [k] crank site
     slidercrank_slider: Tensor  # [k] slider site (its z axis is the slider's)

@@ -145,7 +145,7 @@ def test_jac_and_apply_ft(smooth_model, seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_jac_dif_frame(smooth_model, seed):
     """frame @ (J(body2) - J(body1)) against MuJoCo's mj_jac, every pair of bodies; the columns of
-    dofs that move both bodies are exact zeros (as mj_jacDifPair skips them)."""
+    dofs that move both bodies are exact zeros (as mj_jacDifPair's J2 - J1)."""
     m, mjd = _setup(smooth_model, seed)
     ref = reference(m, mjd)
     rng = np.random.default_rng(seed)
