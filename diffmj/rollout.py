@@ -79,7 +79,8 @@ def rollout(
     backward_mode: how gradients pass through each step's constraint solver; None uses
     the model's.
     compile: run each step as one compiled graph (``torch.compile``; True, or a dict of its keyword
-    arguments, e.g. ``{"backend": "aot_eager"}``, over the defaults ``fullgraph=True, dynamic=False``);
+    arguments, e.g. ``{"backend": "aot_eager"}``, over the defaults ``fullgraph=True, dynamic=False`` and,
+    for inductor without a ``mode``, ``options={"cpp_wrapper": True}``);
     the loop over time stays in Python, so compile time does not grow with T. A batch is stepped by one
     compiled explicit-batch step per time step (its solver stops once every element has converged). Checkpointing, results and gradients are eager's (to
     rounding, with inductor). All steps run two graphs, one without grad (no input requires grad, or the
@@ -289,7 +290,12 @@ def compile_options(compile: CompileArg) -> dict[str, Any] | None:
     if not isinstance(compile, dict):
         raise ValueError(f"compile must be False, True or a dict of torch.compile's keyword arguments, "
                          f"got {compile!r}")
-    return {"fullgraph": True, "dynamic": False, **compile}
+    options = {"fullgraph": True, "dynamic": False, **compile}
+    if options.get("backend", "inductor") == "inductor" and "mode" not in options:
+        # A step is hundreds of small kernels and buffers: inductor's Python wrapper code spends more
+        # time launching and allocating them than they compute (benchmarks/README.md, "Compiled rollouts")
+        options["options"] = {"cpp_wrapper": True, **options.get("options", {})}
+    return options
 
 
 def _observer(observe: ObserveArg) -> Observe:
