@@ -103,17 +103,20 @@ def as_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def assert_close(name: str, actual, expected, tol: float = TOL["smooth"], empty_ok: bool = False) -> None:
+def assert_close(name: str, actual, expected, tol: float = TOL["smooth"], empty_ok: bool = False,
+                 largest: bool = False) -> None:
     """Scale-aware comparison with a message naming the field and the worst entry.
 
-    Empty arrays compare nothing, so they are an error unless ``empty_ok``.
+    Empty arrays compare nothing, so they are an error unless ``empty_ok``. ``largest``: every entry
+    against 1 + the largest |expected| instead of its own 1 + |expected|, for vectors whose small entries
+    are sums of large terms (a gradient through a rollout), whose roundings are relative to those terms.
     """
     a, b = as_numpy(actual), as_numpy(expected)
     assert a.shape == b.shape, f"{name}: shape {a.shape} != {b.shape}"
     if not a.size:
         assert empty_ok, f"{name}: empty arrays compare nothing (pass empty_ok=True where that is meant)"
         return
-    err = np.abs(a - b) / (1 + np.abs(b))
+    err = np.abs(a - b) / (1 + (np.abs(b).max() if largest else np.abs(b)))
     worst = np.unravel_index(np.argmax(err), err.shape)
     assert err[worst] <= tol, (
         f"{name}: relative error {err[worst]:.3e} > {tol:.0e} at {worst}: {a[worst]!r} vs {b[worst]!r}"

@@ -58,7 +58,9 @@ def _compare(m, d, ctrl, backend, tol, **kwargs):
     eager_traj, eager_grads = _run(m, d, ctrl, **kwargs)
     _assert_trajectories_equal(f"{kwargs}", traj, eager_traj, tol)
     for name, grad in eager_grads.items():
-        assert_close(f"d loss / d {name} ({kwargs})", grads[name], grad, tol)
+        # relative to the largest entry: d loss / d qvel[0] (0.13) sums terms of ~1e3 (its largest entry
+        # 1.9e3); eager's own value moves by 7e-13 when qvel changes by 1e-15 relative
+        assert_close(f"d loss / d {name} ({kwargs})", grads[name], grad, tol, largest=True)
 
 
 @pytest.mark.slow
@@ -141,12 +143,20 @@ def test_compile_argument_errors(arm_on_box):
         torch.func.grad(lambda c: diffmj.rollout(m, d, c, compile=True).qpos.sum())(ctrl)
 
 
+# inductor (torch 2.13) gets the batched rollout's gradients w.r.t. body_mass and qvel wrong, by up to 62 %
+# (benchmarks/README.md, "Inductor miscompiles gradients of the batched rollout"); aot_eager is exact
+_BATCHED_MISCOMPILED = pytest.mark.xfail(strict=True, reason="inductor's batched rollout gradient is wrong")
+
+
 @pytest.mark.slow
-def test_inductor_rollout_equals_eager(arm_on_box):
-    """inductor's kernels, batched and checkpointed: values and gradients equal eager's to TOL["compiled"]."""
+@pytest.mark.parametrize("batched", [False, pytest.param(True, marks=_BATCHED_MISCOMPILED)],
+                         ids=["unbatched", "batched"])
+def test_inductor_rollout_equals_eager(arm_on_box, batched):
+    """inductor's kernels (rollout's default options), checkpointed: values and gradients equal eager's to
+    TOL["compiled"]."""
     m, d = arm_on_box
     ctrl = _controls(m, 6)
+    if batched:
+        d, ctrl = torch.stack([d, diffmj.step(m, d)]), torch.stack([ctrl, -ctrl])
     torch._dynamo.reset()
     _compare(m, d, ctrl, "inductor", TOL["compiled"], checkpoint=2)
-    _compare(m, torch.stack([d, diffmj.step(m, d)]), torch.stack([ctrl, -ctrl]), "inductor", TOL["compiled"],
-             checkpoint=2)
