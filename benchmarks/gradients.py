@@ -35,6 +35,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import diffmj
+from diffmj.rollout import compile_options
 
 BENCH = Path(__file__).resolve().parent
 MODELS = BENCH.parent / "models"
@@ -303,15 +304,17 @@ def bench_compiled_rollout(name: str, horizons: list[int], repeats: int, backend
 def bench_humanoid_gradient(horizon: int, backend: str) -> dict:
     """Gradient of a T-step humanoid loss w.r.t. the controls: diffmj eager and compiled (``rollout(...,
     compile=)``: one graph per step, its backward another), checkpointed; the compiled side's first call
-    (compile included) and second call are timed apart, and its gradient compared with eager's."""
+    (compile included) and second call are timed apart, and its gradient compared with eager's. With
+    inductor also: the same graphs on the full tape, and inductor's Python wrapper instead of rollout's
+    default C++ one (its own compile)."""
     mjm = mujoco.MjModel.from_xml_path(str(MODELS / "humanoid.xml"))
     m = diffmj.put_model(mjm)
     d = diffmj.make_data(m)
 
-    def gradient(compile) -> tuple[torch.Tensor, float, float]:
+    def gradient(compile, checkpoint="auto") -> tuple[torch.Tensor, float, float]:
         ctrl = torch.zeros(horizon, m.nu, dtype=m.dtype, requires_grad=True)
         start = time.perf_counter()
-        traj = diffmj.rollout(m, d, ctrl, observe=("qpos", "qvel"), compile=compile)
+        traj = diffmj.rollout(m, d, ctrl, observe=("qpos", "qvel"), compile=compile, checkpoint=checkpoint)
         loss = traj["qpos"][-1, 2] + (traj["qvel"] ** 2).sum() * 1e-3
         forward_s = time.perf_counter() - start
         loss.backward()
@@ -321,11 +324,21 @@ def bench_humanoid_gradient(horizon: int, backend: str) -> dict:
     record = {"model": "humanoid", "T": horizon, "diffmj_forward_s": forward_s, "diffmj_total_s": total_s,
               "grad_finite": bool(torch.isfinite(eager).all()),
               "solver": {"iterations": mjm.opt.iterations, "ls_iterations": mjm.opt.ls_iterations}}
-    _, _, first_s = gradient({"backend": backend})
-    compiled, forward_s, total_s = gradient({"backend": backend})
-    record["compiled"] = {"backend": backend, "first_call_s": first_s, "forward_s": forward_s, "total_s": total_s,
-                          "grad_finite": bool(torch.isfinite(compiled).all()),
-                          "max_rel_diff_vs_eager": float(((compiled - eager).abs() / (1 + eager.abs())).max())}
+
+    def compiled_record(compile: dict, checkpoint="auto") -> dict:
+        _, _, first_s = gradient(compile, checkpoint)
+        grad, forward_s, total_s = gradient(compile, checkpoint)
+        return {"backend": backend, "options": compile_options(compile), "checkpoint": checkpoint,
+                "first_call_s": first_s, "forward_s": forward_s, "total_s": total_s,
+                "grad_finite": bool(torch.isfinite(grad).all()),
+                "max_rel_diff_vs_eager": float(((grad - eager).abs() / (1 + eager.abs())).max())}
+
+    record["compiled"] = compiled_record({"backend": backend})
+    if backend == "inductor":
+        record["compiled_variants"] = [
+            {"label": "full tape", **compiled_record({"backend": backend}, checkpoint=None)},
+            {"label": "Python wrapper", **compiled_record({"backend": backend, "options": {"cpp_wrapper": False}})},
+        ]
     return record
 
 
@@ -403,6 +416,10 @@ def markdown(results: dict) -> str:
         if "compiled" in ours:
             c = ours["compiled"]
             lines.append(f"| diffmj `rollout(compile=)`, checkpointed ({c['backend']}; max rel. diff. vs eager "
+                         f"{c['max_rel_diff_vs_eager']:.0e}) | {c['first_call_s']:.1f} | {c['total_s']:.2f} | "
+                         f"{c['grad_finite']} |")
+        for c in ours.get("compiled_variants", []):
+            lines.append(f"| diffmj `rollout(compile=)`, {c['label']} ({c['backend']}; max rel. diff. vs eager "
                          f"{c['max_rel_diff_vs_eager']:.0e}) | {c['first_call_s']:.1f} | {c['total_s']:.2f} | "
                          f"{c['grad_finite']} |")
         if "records" in mjx:
