@@ -82,8 +82,11 @@ def rollout(
     arguments, e.g. ``{"backend": "aot_eager"}``, over the defaults ``fullgraph=True, dynamic=False`` and,
     for inductor without a ``mode``, ``options={"cpp_wrapper": True}``);
     the loop over time stays in Python, so compile time does not grow with T. A batch is stepped by one
-    compiled explicit-batch step per time step (its solver stops once every element has converged). Checkpointing, results and gradients are eager's (to
-    rounding, with inductor). All steps run two graphs, one without grad (no input requires grad, or the
+    compiled explicit-batch step per time step (its solver stops once every element has converged).
+    Checkpointing, results and gradients are eager's (to rounding, with inductor), but for a known fault:
+    torch 2.13's inductor gets some gradients wrong, batched and unbatched (a batch's w.r.t. body_mass
+    and the initial qvel by up to 62 %; benchmarks/README.md, "Inductor miscompiles gradients of the
+    batched rollout"), where ``{"backend": "aot_eager"}`` is exact. All steps run two graphs, one without grad (no input requires grad, or the
     forward pass of checkpointed segments) and one with; later rollouts reuse them from Dynamo's cache,
     whose entries (one per model, batch size and set of model parameters, inputs or params requiring
     grad) are at most ``torch._dynamo.config.recompile_limit`` per compiled function. Not inside
