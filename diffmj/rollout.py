@@ -86,10 +86,11 @@ def rollout(
     Checkpointing, results and gradients are eager's (to rounding, with inductor), but for a known fault:
     torch 2.13's inductor gets some gradients wrong, batched and unbatched (a batch's w.r.t. body_mass
     and the initial qvel by up to 62 %; benchmarks/README.md, "Inductor miscompiles gradients of the
-    batched rollout"), where ``{"backend": "aot_eager"}`` is exact. All steps run two graphs, one without grad (no input requires grad, or the
-    forward pass of checkpointed segments) and one with; later rollouts reuse them from Dynamo's cache,
-    whose entries (one per model, batch size and set of model parameters, inputs or params requiring
-    grad) are at most ``torch._dynamo.config.recompile_limit`` per compiled function. Not inside
+    batched rollout"), where ``{"backend": "aot_eager"}`` is exact. All steps run two graphs, one without
+    grad (no input requires grad, or the forward pass of checkpointed segments) and one with; later
+    rollouts reuse them from Dynamo's cache, whose entries (one per model, batch size and set of model
+    parameters, inputs or params requiring grad) are at most ``torch._dynamo.config.recompile_limit``
+    per compiled function. Not inside
     ``torch.func`` transforms or ``torch.compile`` (PyTorch cannot call a compiled function there:
     pytorch/pytorch#128711): take gradients with ``torch.autograd`` (``.backward()``,
     ``torch.autograd.grad``).
