@@ -90,7 +90,7 @@ def main() -> None:
     args = parser.parse_args()
 
     label = args.label or str(args.repo)
-    print(f"| checkout | mode | iterations | cold compile s | warm call s | max |qacc - eager| |")
+    print("| checkout | mode | iterations | cold compile s | warm call s | max |qacc - eager| |")
     print("|---|---|---|---|---|---|")
     records = []
     for mode in args.modes:

@@ -7,6 +7,7 @@ compiled_vmap: ``torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullg
 per-element step under vmap, whose solver loops run their full count (``scan``).
 
 For B=1 all run on unbatched Data, the compiled ones as ``torch.compile(diffmj.step, fullgraph=True)``.
+``--device cuda`` runs them on the GPU (each timed call ends with ``torch.cuda.synchronize``).
 
 A compiled run takes one batch size, so that its compile starts from a fresh
 process; ``step_throughput.py`` points TORCHINDUCTOR_CACHE_DIR at an empty
@@ -37,20 +38,31 @@ COMPARED_FIELDS = ("qpos", "qvel", "act", "qacc", "sensordata")
 
 def initial_data(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int) -> diffmj.Data:
     """Data of the batch's initial worlds; unbatched for B=1."""
-    qvel = torch.as_tensor(harness.initial_qvel(mjm, batch_size), dtype=m.dtype)
+    qvel = torch.as_tensor(harness.initial_qvel(mjm, batch_size), dtype=m.dtype, device=m.device)
     if batch_size == 1:
         return diffmj.make_data(m).replace(qvel=qvel[0])
     return diffmj.make_data(m, batch_shape=(batch_size,)).replace(qvel=qvel)
 
 
+def synchronized(m: diffmj.Model, fn):
+    """``fn``, returning once the device has finished the work it queued (a GPU runs asynchronously)."""
+    def run(*args):
+        out = fn(*args)
+        if m.device.type == "cuda":
+            torch.cuda.synchronize(m.device)
+        return out
+
+    return run
+
+
 def stepper(m: diffmj.Model, step, d0: diffmj.Data, nsteps: int):
-    """A function running ``nsteps`` steps of ``step`` from ``d0``."""
+    """A function running ``nsteps`` steps of ``step`` from ``d0``, returning when they are done."""
     def run() -> None:
         d = d0
         for _ in range(nsteps):
             d = step(m, d)
 
-    return run
+    return synchronized(m, run)
 
 
 def bench_eager(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int, args: argparse.Namespace) -> dict:
@@ -67,7 +79,7 @@ def bench_compiled(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int, args: 
     d = d0 = initial_data(m, mjm, batch_size)
     calls = []
     for _ in range(WARMUP_CALLS):
-        d, seconds = harness.timed(lambda: compiled(m, d))
+        d, seconds = harness.timed(lambda: synchronized(m, compiled)(m, d))
         calls.append(seconds)
     record = {
         "compile": {
@@ -94,12 +106,13 @@ def main() -> None:
     parser.add_argument("--variant", choices=("eager", "compiled", "compiled_vmap"), required=True)
     parser.add_argument("--compile-only", action="store_true",
                         help="compiled: stop after the compiling calls (warm-cache measurement)")
+    parser.add_argument("--device", default="cpu", help="torch device of the Model and Data (cpu, cuda)")
     args = parser.parse_args()
     if args.variant != "eager" and len(args.batch_sizes) != 1:
         parser.error("a compiled run takes one batch size (each compile starts from a fresh process)")
 
     mjm = harness.load_model(args.model, harness.solver_overrides(args))
-    m = diffmj.put_model(mjm, dtype=getattr(torch, args.dtype))
+    m = diffmj.put_model(mjm, dtype=getattr(torch, args.dtype), device=args.device)
     bench = bench_eager if args.variant == "eager" else bench_compiled
     records = [
         {"backend": f"diffmj_{args.variant}", "batch_size": b, "dtype": args.dtype,
@@ -107,7 +120,8 @@ def main() -> None:
         for b in args.batch_sizes
     ]
     versions = {"torch": torch.__version__, "mujoco": mujoco.__version__,
-                "torch_threads": torch.get_num_threads()}
+                "torch_threads": torch.get_num_threads(), "device": str(m.device),
+                "device_name": torch.cuda.get_device_name(m.device) if m.device.type == "cuda" else None}
     harness.emit(records, versions, harness.solver_settings(mjm))
 
 

@@ -79,6 +79,7 @@ class Runner:
     backends: tuple[str, ...]
     extra_args: tuple[str, ...] = ()
     anchor: harness.AnchorEnv | None = None
+    takes_device: bool = False  # runs where --device says (else on the CPU)
     process_per_batch_size: bool = False
     warm_compile: bool = False
 
@@ -91,7 +92,7 @@ RUNNERS = {
     "mujoco_c": Runner("mujoco_c", harness.BENCH_DIR / "anchors" / "mujoco_c_bench.py",
                        ("mujoco_c_rollout", "mujoco_c_loop")),
     "mjx": Runner("mjx", harness.BENCH_DIR / "anchors" / "mjx_bench.py", ("mjx_jit",),
-                  anchor=harness.ANCHOR_ENVS["mjx"], process_per_batch_size=True),
+                  anchor=harness.ANCHOR_ENVS["mjx"], takes_device=True, process_per_batch_size=True),
     "mujoco_torch_eager": Runner("mujoco_torch_eager", harness.BENCH_DIR / "anchors" / "mujoco_torch_bench.py",
                                  ("mujoco_torch_eager",), ("--variants", "eager"),
                                  harness.ANCHOR_ENVS["mujoco_torch"]),
@@ -99,11 +100,12 @@ RUNNERS = {
                                     ("mujoco_torch_compiled",), ("--variants", "compiled"),
                                     harness.ANCHOR_ENVS["mujoco_torch"], process_per_batch_size=True),
     "diffmj_eager": Runner("diffmj_eager", harness.BENCH_DIR / "diffmj_bench.py", ("diffmj_eager",),
-                           ("--variant", "eager")),
+                           ("--variant", "eager"), takes_device=True),
     "diffmj_compiled": Runner("diffmj_compiled", harness.BENCH_DIR / "diffmj_bench.py", ("diffmj_compiled",),
-                              ("--variant", "compiled"), process_per_batch_size=True, warm_compile=True),
+                              ("--variant", "compiled"), takes_device=True, process_per_batch_size=True,
+                              warm_compile=True),
     "diffmj_compiled_vmap": Runner("diffmj_compiled_vmap", harness.BENCH_DIR / "diffmj_bench.py",
-                                   ("diffmj_compiled_vmap",), ("--variant", "compiled_vmap"),
+                                   ("diffmj_compiled_vmap",), ("--variant", "compiled_vmap"), takes_device=True,
                                    process_per_batch_size=True, warm_compile=True),
 }
 
@@ -146,6 +148,7 @@ def runner_command(runner: Runner, model: Path, batch_sizes: list[int], solver: 
         "--ls-iterations", str(int(solver["ls_iterations"])),
         "--tolerance", repr(float(solver["tolerance"])),
         *runner.extra_args,
+        *(("--device", args.device) if runner.takes_device else ()),
     ]
 
 
@@ -269,6 +272,7 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "mujoco": mujoco.__version__,
         "diffmj": str(Path(diffmj.__file__).parent),
         "git": git_state(),
@@ -291,8 +295,9 @@ def markdown(result: dict) -> str:
     keys = sorted({(r["model"], r["batch_size"]) for r in records}, key=lambda k: (k[0], k[1]))
     present = [b for b in BACKENDS if any(r["backend"] == b for r in records)]
     index = {(r["model"], r["batch_size"], r["backend"]): r for r in records}
-    lines = [f"Steps per second ({result['settings']['dtype']}, {result['settings']['nsteps']} steps, "
-             f"median of {result['settings']['repeats']})", "",
+    settings = result["settings"]
+    lines = [f"Steps per second ({settings['dtype']}, {settings.get('device', 'cpu')}, {settings['nsteps']} steps, "
+             f"median of {settings['repeats']})", "",
              "| model | B | " + " | ".join(BACKENDS[b] for b in present) + " |",
              "|---|---:|" + "---:|" * len(present)]
     for model, b in keys:
@@ -338,6 +343,8 @@ def parse_args() -> argparse.Namespace:
                         help="batch sizes for MJX (default: --batch-sizes); jax 0.10.2 hangs at B=1024 on "
                              "halfcheetah and walker2d here")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where diffmj and MJX run (MuJoCo C and mujoco_torch: on the CPU)")
     parser.add_argument("--nsteps", type=int, default=100, help="steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; the median is reported")
     parser.add_argument("--iterations", type=int, help="solver iterations (default: the XML's)")

@@ -1,4 +1,5 @@
-"""Anchor runner: MJX (JAX implementation) on the CPU, in the venv ``setup_anchors.py mjx`` makes.
+"""Anchor runner: MJX (JAX implementation) on the CPU, in the venv ``setup_anchors.py mjx`` makes;
+``--device cuda`` runs it on the GPU (JAX_PLATFORMS=cuda).
 
 B>1: ``jax.jit(jax.vmap(mjx.step, in_axes=(None, 0)))``; B=1: ``jax.jit(mjx.step)``.
 Each step is one call from Python, as for diffmj. float64 turns on
@@ -28,11 +29,11 @@ import harness  # noqa: E402
 WARMUP_CALLS = 2
 
 
-def configure_jax(dtype: str):
-    """Import JAX on the CPU, single-threaded (see above), with the precision of ``dtype``."""
+def configure_jax(dtype: str, device: str = "cpu"):
+    """Import JAX on ``device`` (the CPU single-threaded, see above) with the precision of ``dtype``."""
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ["JAX_PLATFORMS"] = device
     import jax
 
     jax.config.update("jax_enable_x64", dtype == "float64")
@@ -71,8 +72,9 @@ def bench(jax, mjx, mjm, batch_size: int, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_runner_args(parser)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="JAX platform")
     args = parser.parse_args()
-    jax = configure_jax(args.dtype)
+    jax = configure_jax(args.dtype, args.device)
     import mujoco
     from mujoco import mjx
 
@@ -84,7 +86,8 @@ def main() -> None:
     from importlib.metadata import version
 
     versions = {"jax": jax.__version__, "jaxlib": version("jaxlib"), "mujoco": mujoco.__version__,
-                "mujoco_mjx": version("mujoco-mjx"), "xla_flags": os.environ["XLA_FLAGS"]}
+                "mujoco_mjx": version("mujoco-mjx"), "xla_flags": os.environ["XLA_FLAGS"],
+                "device": str(jax.devices()[0].device_kind)}
     harness.emit(records, versions, harness.solver_settings(mjm))
 
 
