@@ -80,15 +80,14 @@ def rollout(
     the model's.
     compile: run each step as one compiled graph (``torch.compile``; True, or a dict of its keyword
     arguments, e.g. ``{"backend": "aot_eager"}``, over the defaults ``fullgraph=True, dynamic=False`` and,
-    for inductor without a ``mode``, ``options={"cpp_wrapper": True}``);
-    the loop over time stays in Python, so compile time does not grow with T. A batch is stepped by one
-    compiled explicit-batch step per time step (its solver stops once every element has converged).
-    Checkpointing, results and gradients are eager's (to rounding, with inductor), but for a known fault:
-    torch 2.13's inductor gets some gradients wrong, batched and unbatched (a batch's w.r.t. body_mass
-    and the initial qvel by up to 62 %; benchmarks/README.md, "Inductor miscompiles gradients of the
-    batched rollout"), where ``{"backend": "aot_eager"}`` is exact. All steps run two graphs, one without
-    grad (no input requires grad, or the forward pass of checkpointed segments) and one with; later
-    rollouts reuse them from Dynamo's cache, whose entries (one per model, batch size and set of model
+    for inductor without a ``mode``, ``options={"cpp_wrapper": True, "max_fusion_size": 1}``: no kernel
+    fusion, as torch 2.13 fuses some backward kernels wrongly; a batch's gradients w.r.t. body_mass and
+    the initial qvel were up to 62 % off; benchmarks/README.md, "Inductor miscompiles gradients of the
+    batched rollout"); the loop over time stays in Python, so compile time does not grow with T. A batch
+    is stepped by one compiled explicit-batch step per time step (its solver stops once every element
+    has converged). Checkpointing, results and gradients are eager's (to rounding, with inductor).
+    All steps run two graphs, one without grad (no input requires grad, or the forward pass of
+    checkpointed segments) and one with; later rollouts reuse them from Dynamo's cache, whose entries (one per model, batch size and set of model
     parameters, inputs or params requiring grad) are at most ``torch._dynamo.config.recompile_limit``
     per compiled function. Not inside
     ``torch.func`` transforms or ``torch.compile`` (PyTorch cannot call a compiled function there:
@@ -296,9 +295,13 @@ def compile_options(compile: CompileArg) -> dict[str, Any] | None:
                          f"got {compile!r}")
     options = {"fullgraph": True, "dynamic": False, **compile}
     if options.get("backend", "inductor") == "inductor" and "mode" not in options:
-        # A step is hundreds of small kernels and buffers: inductor's Python wrapper code spends more
-        # time launching and allocating them than they compute (benchmarks/README.md, "Compiled rollouts")
-        options["options"] = {"cpp_wrapper": True, **options.get("options", {})}
+        # cpp_wrapper: a step is hundreds of small kernels and buffers, and inductor's Python wrapper code
+        # spends more time launching and allocating them than they compute (benchmarks/README.md, "Compiled
+        # rollouts"). max_fusion_size=1 (no kernel fusion): torch 2.13's inductor fuses some backward graphs
+        # wrongly, and their gradients were up to 62 % off eager's; unfused they are exact, and a hopper
+        # gradient takes 35 % longer, a forward rollout as long (benchmarks/README.md, "Inductor miscompiles
+        # gradients of the batched rollout").
+        options["options"] = {"cpp_wrapper": True, "max_fusion_size": 1, **options.get("options", {})}
     return options
 
 
