@@ -218,8 +218,9 @@ def put_model(
 
     ``backward_mode`` chooses how gradients pass through the constraint solver. ``early_exit``:
     the solver stops iterating once converged (every batch element, in eager mode), as MuJoCo C
-    does; False runs ``opt.iterations`` (and ``opt.ls_iterations``) always, with no host
-    synchronisation inside a step (for CUDA-graph capture). Results are the same either way.
+    does; False runs ``opt.iterations`` (and ``opt.ls_iterations``) always, eager with no host
+    synchronisation inside a step (for CUDA-graph capture; compiled, torch 2.13's inductor reads
+    each ``scan`` iteration's counter on the host: see README.md). Results are the same either way.
     """
     if not isinstance(mjm, mujoco.MjModel):
         raise TypeError(f"put_model expects a mujoco.MjModel, got {type(mjm).__name__}")

@@ -340,7 +340,8 @@ def bounded_loop(body: Callable[[tuple], tuple], carry: tuple, iterations: int, 
       "Expected FakeTensor, got <class 'torch.Tensor'>").
 
     Without ``early_exit`` every path runs the full count and never reads ``done`` on the host
-    (eager: no all_true, so no device synchronisation; what CUDA-graph capture needs).
+    (eager: no all_true, so no device synchronisation; what CUDA-graph capture needs; compiled,
+    torch 2.13's inductor still reads each scan iteration's counter on the host).
     """
     compiling = torch.compiler.is_compiling()
     if unroll or not compiling or not _only_vmap_active() or iterations == 0:
