@@ -78,21 +78,20 @@ def rollout(
     full autograd tape (O(T) memory). The gradient is the same either way.
     backward_mode: how gradients pass through each step's constraint solver; None uses
     the model's.
-    compile: run each step as one compiled graph (``torch.compile``; True, or a dict of its keyword
-    arguments, e.g. ``{"backend": "aot_eager"}``, over the defaults ``fullgraph=True, dynamic=False`` and,
-    for inductor without a ``mode``, ``options={"cpp_wrapper": True, "max_fusion_size": 1}``: no kernel
-    fusion, as torch 2.13 fuses some backward kernels wrongly; a batch's gradients w.r.t. body_mass and
-    the initial qvel were up to 62 % off; benchmarks/README.md, "Inductor miscompiles gradients of the
-    batched rollout"); the loop over time stays in Python, so compile time does not grow with T. A batch
-    is stepped by one compiled explicit-batch step per time step (its solver stops once every element
-    has converged). Checkpointing, results and gradients are eager's (to rounding, with inductor).
-    All steps run two graphs, one without grad (no input requires grad, or the forward pass of
-    checkpointed segments) and one with; later rollouts reuse them from Dynamo's cache, whose entries (one per model, batch size and set of model
-    parameters, inputs or params requiring grad) are at most ``torch._dynamo.config.recompile_limit``
-    per compiled function. Not inside
-    ``torch.func`` transforms or ``torch.compile`` (PyTorch cannot call a compiled function there:
-    pytorch/pytorch#128711): take gradients with ``torch.autograd`` (``.backward()``,
-    ``torch.autograd.grad``).
+    compile: run each step as one compiled graph (``torch.compile``; True, or a dict of its keyword arguments,
+    e.g. ``{"backend": "aot_eager"}``, over the defaults ``fullgraph=True, dynamic=False`` and, for inductor
+    without a ``mode``, ``options={"max_fusion_size": 1}``: no kernel fusion, as torch 2.13 fuses some backward
+    kernels wrongly; a batch's gradients w.r.t. body_mass and the initial qvel were up to 62 % off, and
+    inductor's C++ wrapper (``"cpp_wrapper": True``) gets long rollouts' gradients wrong; benchmarks/README.md,
+    "Inductor miscompiles gradients of the batched rollout"); the loop over time stays in Python, so compile
+    time does not grow with T. A batch is stepped by one compiled explicit-batch step per time step (its solver
+    stops once every element has converged). Checkpointing, results and gradients are eager's (to rounding, with
+    inductor). All steps run two graphs, one without grad (no input requires grad, or the forward pass of
+    checkpointed segments) and one with; later rollouts reuse them from Dynamo's cache, whose entries (one per
+    model, batch size and set of model parameters, inputs or params requiring grad) are at most
+    ``torch._dynamo.config.recompile_limit`` per compiled function. Not inside ``torch.func`` transforms or
+    ``torch.compile`` (PyTorch cannot call a compiled function there: pytorch/pytorch#128711): take gradients
+    with ``torch.autograd`` (``.backward()``, ``torch.autograd.grad``).
     """
     check_data(m, d)
     if ctrl.shape[-1] != m.nu:
@@ -295,13 +294,12 @@ def compile_options(compile: CompileArg) -> dict[str, Any] | None:
                          f"got {compile!r}")
     options = {"fullgraph": True, "dynamic": False, **compile}
     if options.get("backend", "inductor") == "inductor" and "mode" not in options:
-        # cpp_wrapper: a step is hundreds of small kernels and buffers, and inductor's Python wrapper code
-        # spends more time launching and allocating them than they compute (benchmarks/README.md, "Compiled
-        # rollouts"). max_fusion_size=1 (no kernel fusion): torch 2.13's inductor fuses some backward graphs
-        # wrongly, and their gradients were up to 62 % off eager's; unfused they are exact, and a hopper
-        # gradient takes 35 % longer, a forward rollout as long (benchmarks/README.md, "Inductor miscompiles
-        # gradients of the batched rollout").
-        options["options"] = {"cpp_wrapper": True, "max_fusion_size": 1, **options.get("options", {})}
+        # max_fusion_size=1 (no kernel fusion): torch 2.13's inductor fuses some backward graphs wrongly, and
+        # their gradients were up to 62 % off eager's; unfused they are exact, and a hopper gradient takes
+        # 35 % longer, a forward rollout as long. Not its C++ wrapper (faster at B=1): its 1000-step humanoid
+        # gradient is 5.7 (relative) off eager's, where the Python wrapper's is 1.3e-6 off (benchmarks/README.md,
+        # "Inductor miscompiles gradients of the batched rollout").
+        options["options"] = {"max_fusion_size": 1, **options.get("options", {})}
     return options
 
 
