@@ -294,11 +294,8 @@ def compile_options(compile: CompileArg) -> dict[str, Any] | None:
                          f"got {compile!r}")
     options = {"fullgraph": True, "dynamic": False, **compile}
     if options.get("backend", "inductor") == "inductor" and "mode" not in options:
-        # max_fusion_size=1 (no kernel fusion): torch 2.13's inductor fuses some backward graphs wrongly, and
-        # their gradients were up to 62 % off eager's; unfused they are exact, and a hopper gradient takes
-        # 35 % longer, a forward rollout as long. Not its C++ wrapper (faster at B=1): its 1000-step humanoid
-        # gradient is 5.7 (relative) off eager's, where the Python wrapper's is 1.3e-6 off (benchmarks/README.md,
-        # "Inductor miscompiles gradients of the batched rollout").
+        # No kernel fusion, and the Python wrapper rather than the (faster) C++ one: with either, torch 2.13's
+        # inductor gets some gradients wrong (the docstring; benchmarks/README.md, "Inductor miscompiles ...")
         options["options"] = {"max_fusion_size": 1, **options.get("options", {})}
     return options
 
