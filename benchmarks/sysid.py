@@ -14,8 +14,8 @@ same parameters are fitted from the same initial guess within the same bounds by
 - ``mujoco.sysid``: ``sysid.optimize(..., optimizer="mujoco")`` on ``build_residual_fn`` of a
   ``ModelSequences`` holding the chunks, as its own tests call it (``mujoco.minimize`` on
   finite-difference Jacobians; every residual recompiles the model from its MjSpec);
-- ``diffmj.optim.sysid.fit``: Levenberg-Marquardt on exact (forward-mode) Jacobians, the chunks
-  one batched recording;
+- ``diffmj.optim.sysid.fit``: Levenberg-Marquardt on exact Jacobians (every step's Jacobians in one
+  reverse-mode batch, chained along the residual's rollout), the chunks one batched recording;
 - ``mujoco.minimize.least_squares`` given diffmj's residual and exact Jacobian
   (``sysid.least_squares_functions``).
 
@@ -470,8 +470,8 @@ def main() -> None:
     parser.add_argument("--max-iters", type=int, default=100, help="iterations allowed to every method")
     parser.add_argument("--max-chunks", type=int, help="fit only the first chunks of each recording (a quick look)")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS),
-                        default=["mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit_compiled"],
-                        help="diffmj_fit (eager) and minimize_exact take minutes to hours per problem")
+                        default=["mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit"],
+                        help="diffmj_fit_compiled compiles for minutes per problem")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "sysid.json")
     parser.add_argument("--table", type=Path, help="print the table of an existing result and exit")
     args = parser.parse_args()

@@ -329,13 +329,13 @@ def test_transition_jacobians_match_own_differences():
     m = diffmj.put_model(mjm)
     d = diffmj.put_data(m, mjd)
     A, B, _, _ = diffmj.grad.transition_jacobians(m, d)
-    from diffmj.grad.transition import _transition
+    from diffmj.grad.transition import transition
 
-    f = _transition(m, d, diffmj.step(m, d).qpos, diffmj.BackwardMode.IMPLICIT)  # the step, solved in full
+    f = transition(d, diffmj.step(m, d).qpos, diffmj.BackwardMode.IMPLICIT)  # the step, solved in full
     x0 = torch.zeros(2 * m.nv + m.na, dtype=m.dtype)
     eps = 1e-6
-    Afd = _central_jacobian(lambda x: f(torch.as_tensor(x), d.ctrl)[0].numpy(), x0.numpy(), eps)
-    Bfd = _central_jacobian(lambda u: f(x0, torch.as_tensor(u))[0].numpy(), d.ctrl.numpy(), eps)
+    Afd = _central_jacobian(lambda x: f(m, torch.as_tensor(x), d.ctrl)[0].numpy(), x0.numpy(), eps)
+    Bfd = _central_jacobian(lambda u: f(m, x0, torch.as_tensor(u))[0].numpy(), d.ctrl.numpy(), eps)
     assert_close("A", A, Afd, 1e-7)
     assert_close("B", B, Bfd, 1e-7)
 
@@ -356,7 +356,7 @@ def test_transition_jacobians_from_the_solution_equal_the_full_solve(cone):
     """transition_jacobians differentiates a step that starts from the solution, with no solver iterations
     (diffmj.grad.solution); its Jacobians equal those of the step solved in full under jacrev."""
     from diffmj.grad.solution import reuses_solution
-    from diffmj.grad.transition import _transition
+    from diffmj.grad.transition import transition
 
     mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=100))
     mjm.opt.cone = getattr(mujoco.mjtCone, f"mjCONE_{cone.upper()}")
@@ -364,9 +364,9 @@ def test_transition_jacobians_from_the_solution_equal_the_full_solve(cone):
     d = diffmj.put_data(m, settled_state(mjm, 40))
     assert reuses_solution(m, m.backward_mode) and int(diffmj.forward(m, d).efc_active.sum()) >= 4
     A, B, _, _ = diffmj.grad.transition_jacobians(m, d)
-    full = _transition(m, d, diffmj.step(m, d).qpos, diffmj.BackwardMode.IMPLICIT)
+    full = transition(d, diffmj.step(m, d).qpos, diffmj.BackwardMode.IMPLICIT)
     x0 = torch.zeros(2 * m.nv + m.na, dtype=m.dtype)
-    A_full, B_full = torch.func.jacrev(lambda x, u: full(x, u)[0], argnums=(0, 1))(x0, d.ctrl)
+    A_full, B_full = torch.func.jacrev(lambda x, u: full(m, x, u)[0], argnums=(0, 1))(x0, d.ctrl)
     assert_close("A", A, A_full, TOL["batch"])
     assert_close("B", B, B_full, TOL["batch"])
 

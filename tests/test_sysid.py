@@ -1,7 +1,8 @@
 """diffmj.optim.sysid: parameters recovered from data the model made, exact Jacobians, bounds, flags.
 
-The recordings are short (20-30 steps) because a Jacobian by torch.func.jacfwd costs ~70 ms per
-step on a CPU (PyTorch's forward-mode overhead per operation), and every fit below takes a few.
+The recordings are short (20-30 steps) so that the whole file runs in about half a minute: every fit
+below takes a few Jacobians, and the tests compare them with jacfwd of the whole rollout (~70 ms per
+step on a CPU: PyTorch's forward-mode overhead per operation).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def spring_fit():
 
 
 def test_mass_damping_and_gear_recovered(spring_fit):
-    _, _, result = spring_fit
+    m, data, result = spring_fit
     assert result.converged, result.status
     got = [result.params[p.label].item() for p in SPRING_PARAMS]
     np.testing.assert_allclose(got, [TRUE["mass"], TRUE["damping"], TRUE["gear"]], rtol=0, atol=RECOVERED)
@@ -93,6 +94,10 @@ def test_mass_damping_and_gear_recovered(spring_fit):
     assert not result.singular and result.unidentified == ()
     for label, (low, high) in result.confidence.items():
         assert low <= result.params[label] <= high and torch.isfinite(high)
+    # the Jacobian kept by the fit (chained along its last accepted rollout) is jacfwd's at its x
+    expected = sysid.jacobian(m, SPRING_PARAMS, data, result.x, mode="forward")
+    np.testing.assert_allclose(result.jacobian.numpy(), expected.numpy(), rtol=0,
+                               atol=1e-10 * (1 + expected.abs().max().item()))
 
 
 def test_confidence_intervals_follow_the_formula(spring_fit):
@@ -110,13 +115,14 @@ def test_confidence_intervals_follow_the_formula(spring_fit):
     np.testing.assert_allclose(got, half, rtol=1e-3)
 
 
-def test_jacobian_equals_central_differences_forward_and_reverse():
+def test_jacobian_equals_central_differences_in_every_mode():
     m = _spring()
     data = _spring_recording(m, horizon=15)
     x = sysid.initial_vector(m, SPRING_PARAMS)
     forward = sysid.jacobian(m, SPRING_PARAMS, data, x, mode="forward")
-    reverse = sysid.jacobian(m, SPRING_PARAMS, data, x, mode="reverse")
-    np.testing.assert_allclose(forward.numpy(), reverse.numpy(), rtol=0, atol=TOL["batch"] * (1 + forward.abs().max()))
+    for mode in ("reverse", "steps"):
+        other = sysid.jacobian(m, SPRING_PARAMS, data, x, mode=mode)
+        np.testing.assert_allclose(forward.numpy(), other.numpy(), rtol=0, atol=TOL["batch"] * (1 + forward.abs().max()))
     eps = 1e-6
     columns = []
     for i in range(x.shape[0]):
@@ -301,21 +307,29 @@ def test_sliding_friction_recovered_through_contacts():
 
 
 def _assert_joint_equals_separate(m, params, data, x):
-    """residual_and_jacobian_function (stepwise tangents) against residual and jacfwd of the whole rollout."""
+    """residual_and_jacobian_function (stepwise tangents) and jacobian(mode="steps") (chained per-step Jacobians)
+    against residual and jacfwd of the whole rollout."""
     r, J = sysid.residual_and_jacobian_function(m, params, data)(x)
+    chained = sysid.jacobian(m, params, data, x, mode="steps")
     with torch.no_grad():
         expected_r = sysid.residual(m, params, data, x)
     expected_J = sysid.jacobian(m, params, data, x, mode="forward")
     assert J.shape == expected_J.shape and (expected_J.abs().max(0).values > 1e-3).all()  # every column is seen
     np.testing.assert_allclose(r.numpy(), expected_r.numpy(), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(J.numpy(), expected_J.numpy(), rtol=0, atol=1e-10 * (1 + expected_J.abs().max().item()))
+    for got in (J, chained):
+        np.testing.assert_allclose(got.numpy(), expected_J.numpy(), rtol=0,
+                                   atol=1e-10 * (1 + expected_J.abs().max().item()))
 
 
 def test_stepwise_jacobian_equals_jacfwd_of_the_rollout():
     """Two sequences, a log parameter, an indexed one and one set_const derives constants from (the mass);
-    qpos on the manifold and contacts on the sliding box."""
-    m = _spring(mass=1.0, damping=0.1, gear=1.0)
-    data = _spring_recording(_spring(), horizon=8)
+    sensors that read the parameters within the step (the joint's actuator force: the gear; an accelerometer:
+    mass, damping and gear through qacc); qpos on the manifold and contacts on the sliding box."""
+    reads_params = SPRING.replace('<geom type="sphere"', '<site name="s"/><geom type="sphere"').replace(
+        "</sensor>", '<jointactuatorfrc joint="x"/><accelerometer site="s"/></sensor>')
+    m, true = (diffmj.put_model(mujoco.MjModel.from_xml_string(reads_params.format(**{**TRUE, **values})))
+               for values in (dict(mass=1.0, damping=0.1, gear=1.0), {}))
+    data = _spring_recording(true, horizon=8)
     _assert_joint_equals_separate(m, SPRING_PARAMS, data, sysid.initial_vector(m, SPRING_PARAMS))
     box = diffmj.put_model(mujoco.MjModel.from_xml_string(SLIDING_BOX.format(friction=0.3)))
     box_params = SLIDING_FRICTION + [sysid.Parameter("body_mass", "box", initial=0.8)]

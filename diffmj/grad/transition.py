@@ -24,13 +24,14 @@ from diffmj.types import BackwardMode, Data, Model
 from diffmj.workarounds import elementwise
 
 
-def _transition(m: Model, d: Data, nominal: Tensor, mode: BackwardMode):
-    """The step from unbatched d as a function (state perturbation [2nv+na], ctrl [nu]) -> (next-state
-    tangent from the position ``nominal`` [nq], sensordata)."""
-    nv = m.nv
-    one = torch.ones((), dtype=m.dtype, device=m.device)
+def transition(d: Data, nominal: Tensor, mode: BackwardMode):
+    """The step from unbatched d as a function (model, state perturbation [2nv+na], ctrl [nu]) -> (next-state
+    tangent from the position ``nominal`` [nq], sensordata): what A, B, C, D differentiate. The model is an
+    argument so that derivatives w.r.t. its tensors can be taken too (``diffmj.optim.sysid``)."""
 
-    def f(dx: Tensor, ctrl: Tensor):
+    def f(m: Model, dx: Tensor, ctrl: Tensor):
+        nv = m.nv
+        one = torch.ones((), dtype=m.dtype, device=m.device)
         dq, dv, da = dx[:nv], dx[nv : 2 * nv], dx[2 * nv :]
         perturbed = d.replace(qpos=integrate_pos(m, d.qpos, dq, one), qvel=d.qvel + dv, act=d.act + da, ctrl=ctrl)
         out = step(m, perturbed, backward_mode=mode)
@@ -46,7 +47,8 @@ def _jacobians(m: Model, d: Data, solved: Data, mode: BackwardMode) -> tuple[Ten
     if reuses_solution(m, mode):  # differentiate from the solution: no solver iterations under jacrev
         m, d = from_solution(m), d.replace(qacc_warmstart=solved.qacc.detach())
     x0 = torch.zeros(2 * m.nv + m.na, dtype=m.dtype, device=m.device)
-    (A, B), (C, D) = torch.func.jacrev(_transition(m, d, nominal, mode), argnums=(0, 1))(x0, d.ctrl)
+    f = transition(d, nominal, mode)
+    (A, B), (C, D) = torch.func.jacrev(lambda dx, ctrl: f(m, dx, ctrl), argnums=(0, 1))(x0, d.ctrl)
     return A, B, C, D
 
 

@@ -13,7 +13,8 @@ A problem is
 The optimisation variable x [n] concatenates the parameters' flattened values, log-transformed
 where asked. ``residual(x)`` is the weighted difference between ``diffmj.rollout`` of the model
 with the parameters set by ``diffmj.set_param`` and the measurements, flattened; ``jacobian(x)``
-its exact Jacobian by ``torch.func.jacfwd`` or ``jacrev``; ``fit`` a small projected
+its exact Jacobian (by default every step's Jacobians, all steps in one reverse-mode batch, chained
+along the rollout; or ``torch.func.jacfwd`` / ``jacrev`` of the rollout); ``fit`` a small projected
 Levenberg-Marquardt on them; ``least_squares_functions`` hands the same residual and Jacobian to
 ``mujoco.minimize.least_squares``.
 
@@ -35,10 +36,12 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj import Data, Model, differentiate_pos, get_param, rollout, set_param, step
+from diffmj import Data, Model, differentiate_pos, get_param, integrate_pos, rollout, set_param, step
 from diffmj.grad.solution import from_solution, reuses_solution
+from diffmj.grad.transition import transition
 from diffmj.rollout import CompileArg, compile_options
 from diffmj.types import STATE_FIELDS
+from diffmj.workarounds import elementwise
 
 SIGNALS = ("sensordata", "qpos", "qvel")
 
@@ -274,18 +277,34 @@ def _weighted_difference(m: Model, data: Recording, predicted: dict[str, Tensor]
     return torch.cat(parts)
 
 
+def _weighted_difference_and_jacobian(m: Model, data: Recording, predicted: dict[str, Tensor],
+                                      derivatives: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """(the residual [nr], its Jacobian [nr, n]) from the predicted signals (name -> [..., T, k]) and their
+    derivatives w.r.t. x (name -> [n, ..., T, k])."""
+    r = _weighted_difference(m, data, predicted)
+    J = torch.vmap(lambda tangent: torch.func.jvp(lambda p: _weighted_difference(m, data, p), (predicted,),
+                                                  (tangent,))[1])(derivatives)
+    return r, J.mT
+
+
 def jacobian(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor, mode: str = "auto") -> Tensor:
     """The exact Jacobian of ``residual`` w.r.t. x: [nr, n].
 
-    mode: ``"forward"`` (``torch.func.jacfwd``: one tangent per parameter), ``"reverse"``
-    (``torch.func.jacrev``: one cotangent per residual) or ``"auto"``: forward when there are fewer
-    parameters than residuals (the usual case), reverse otherwise.
+    mode: ``"steps"`` (the default for ``"auto"``): one rollout, then every step's Jacobians w.r.t. the state
+    and the parameters by reverse mode, all steps as one batch, chained into the trajectory's (forward
+    sensitivities); ``"forward"`` (``torch.func.jacfwd`` of the rollout: one tangent per parameter) or
+    ``"reverse"`` (``torch.func.jacrev``: one cotangent per residual). All three give the same Jacobian
+    to roundoff; "steps" is the fastest eager (benchmarks/README.md, System identification).
     """
-    nr = _residual_size(m, data)
     if mode == "auto":
-        mode = "forward" if x.shape[0] < nr else "reverse"
-    if mode not in ("forward", "reverse"):
-        raise ValueError(f"mode must be 'auto', 'forward' or 'reverse', got {mode!r}")
+        mode = "steps"
+    if mode not in ("steps", "forward", "reverse"):
+        raise ValueError(f"mode must be 'auto', 'steps', 'forward' or 'reverse', got {mode!r}")
+    if mode == "steps":
+        _check_recording(m, data)
+        traj = _trajectory(m, params, data, x)
+        return _weighted_difference_and_jacobian(m, data, _predicted(data, traj),
+                                                 _chain_step_jacobians(m, params, data, x, traj))[1]
     transform = torch.func.jacfwd if mode == "forward" else torch.func.jacrev
     return transform(lambda x: residual(m, params, data, x))(x)
 
@@ -310,10 +329,8 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
     """
     _check_recording(m, data)
     options = compile_options(compile)
-    x0 = initial_vector(m, params)
     leaves, spec = pytree.tree_flatten(m)
-    varying = [i for i, (before, after) in enumerate(zip(leaves, pytree.tree_leaves(apply(m, params, x0))))
-               if before is not after]
+    varying = _varying_leaves(m, params, initial_vector(m, params))[0]
     measured = _measured(data)
     batch = _batch_shape(data)
     size = batch.numel()  # one flat batch dimension, as rollout steps it
@@ -338,10 +355,7 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
             state = {**state, "qacc_warmstart": solved.qacc}
 
         def transition(changed: list[Tensor], state: dict[str, Tensor]):
-            model = list(model_leaves)
-            for i, leaf in zip(varying, changed):
-                model[i] = leaf
-            out = step(pytree.tree_unflatten(model, tangent_spec), d0.replace(**state, ctrl=ctrl_t))
+            out = step(_replaced(model_leaves, varying, changed, tangent_spec), d0.replace(**state, ctrl=ctrl_t))
             return {name: getattr(out, name) for name in state}, {s: getattr(out, s) for s in measured}
 
         def along(model_tangent: list[Tensor], state_tangent: dict[str, Tensor]):
@@ -358,17 +372,10 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
 
     def evaluate(x: Tensor) -> tuple[Tensor, Tensor]:
         n = x.shape[0]
-        def changed(x: Tensor) -> list[Tensor]:
-            return [pytree.tree_leaves(apply(m, params, x))[i] for i in varying]
-
-        # the changed leaves (n equal copies) and their tangents [n, ...], one per component of x
-        unit = torch.eye(n, dtype=x.dtype, device=x.device)
-        values, model_tangents = torch.vmap(lambda e: torch.func.jvp(changed, (x,), (e,)))(unit)
-        # copies, each its own storage: vmap's outputs are views (the copies one expanded tensor)
+        _, values, model_tangents = _varying_leaves(m, params, x)
         model_leaves = list(leaves)
         for i, value in zip(varying, values):
-            model_leaves[i] = value[0].clone()
-        model_tangents = [t.clone() for t in model_tangents]
+            model_leaves[i] = value
         state = state0
         state_tangents = {name: value.new_zeros(n, *value.shape) for name, value in state.items()}
         signals, tangents = [], []
@@ -382,24 +389,117 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
         predicted = {s: torch.stack([v[s] for v in signals], 1).reshape(*batch, len(signals), -1) for s in measured}
         predicted_tangents = {s: torch.stack([v[s] for v in tangents], 2).reshape(n, *batch, len(tangents), -1)
                               for s in measured}
-        r = _weighted_difference(m, data, predicted)
-        J = torch.vmap(lambda tangent: torch.func.jvp(lambda p: _weighted_difference(m, data, p), (predicted,),
-                                                      (tangent,))[1])(predicted_tangents)
-        return r, J.mT
+        return _weighted_difference_and_jacobian(m, data, predicted, predicted_tangents)
 
     return evaluate
+
+
+def _varying_leaves(m: Model, params: Sequence[Parameter], x: Tensor) -> tuple[list[int], list[Tensor], list[Tensor]]:
+    """Which of m's pytree leaves ``apply`` recomputes from x [n] (their positions), their values at x and their
+    tangents [n, ...] (d leaf / d x_i, one per component of x), each its own storage."""
+    leaves = pytree.tree_leaves(m)
+    varying = [i for i, (before, after) in enumerate(zip(leaves, pytree.tree_leaves(apply(m, params, x))))
+               if before is not after]
+
+    def changed(x: Tensor) -> list[Tensor]:
+        return [pytree.tree_leaves(apply(m, params, x))[i] for i in varying]
+
+    unit = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
+    values, tangents = torch.vmap(lambda e: torch.func.jvp(changed, (x,), (e,)))(unit)
+    # copies: vmap's outputs are views (the values n equal copies of one expanded tensor)
+    return varying, [v[0].clone() for v in values], [t.clone() for t in tangents]
+
+
+def _replaced(leaves: list[Tensor], positions: list[int], replacements: list[Tensor], spec) -> Model:
+    """The model of pytree ``spec`` from ``leaves`` with those at ``positions`` replaced."""
+    leaves = list(leaves)
+    for i, leaf in zip(positions, replacements):
+        leaves[i] = leaf
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _trajectory(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor) -> dict[str, Tensor]:
+    """The rollout at x without derivatives: the state fields, qacc and the measured signals, name ->
+    [size, T, ...] over the flattened batch of sequences. The residual is ``_weighted_difference`` of its
+    measured signals; ``_chain_step_jacobians`` takes their derivatives from it."""
+    batch = _batch_shape(data)
+    size, T = batch.numel(), data.ctrl.shape[-2]
+    d0 = data.d0.expand(batch).reshape(size)
+    ctrl = data.ctrl.expand(*batch, T, m.nu).reshape(size, T, m.nu)
+    kept = tuple(dict.fromkeys((*STATE_FIELDS, "qacc", *_measured(data))))
+    with torch.no_grad():
+        return rollout(apply(m, params, x), d0, ctrl, checkpoint=None, observe=kept)
+
+
+def _predicted(data: Recording, traj: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The measured signals of ``_trajectory``'s output, name -> [*batch, T, k] (as ``rollout`` gives them)."""
+    return {s: traj[s].reshape(*_batch_shape(data), data.ctrl.shape[-2], -1) for s in _measured(data)}
+
+
+def _chain_step_jacobians(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor,
+                          traj: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The derivatives of the measured signals w.r.t. x (name -> [n, *batch, T, k]) along ``traj``, the
+    ``_trajectory`` at x, by forward sensitivities from per-step Jacobians.
+
+    Every step of every sequence, all T x batch at once as one explicit batch, is differentiated by
+    reverse mode (``diffmj.grad.transition``'s step, from the step's known solution where
+    ``reuses_solution``): A_t = d x_t+1 / d x_t, P_t = d x_t+1 / d theta, C_t, Q_t the same for
+    sensordata, theta the model's tensors that x sets, contracted with their tangents d theta / dx. The
+    state's sensitivity S_t = d x_t / dx then follows S_0 = 0, S_t+1 = A_t S_t + P_t and sensordata's is
+    C_t S_t + Q_t: T small matrix products instead of T steps under forward-mode AD.
+    """
+    measured = _measured(data)
+    batch = _batch_shape(data)
+    size, T, nv = batch.numel(), data.ctrl.shape[-2], m.nv
+    model = apply(m, params, x)
+    d0 = data.d0.expand(batch).reshape(size)
+    ctrl = data.ctrl.expand(*batch, T, m.nu).reshape(size * T, m.nu)
+    # the Data before each step [size * T]: d0's inputs, the state after the step before, this step's control
+    before = {f: torch.cat((getattr(d0, f)[:, None], traj[f][:, :-1]), 1).reshape(size * T, *traj[f].shape[2:])
+              for f in STATE_FIELDS}
+    d = d0[:, None].expand(size, T).reshape(size * T).replace(**before, ctrl=ctrl)
+    nominal = traj["qpos"].reshape(size * T, m.nq)
+    mode = model.backward_mode
+    if reuses_solution(model, mode):  # differentiate from the solution: no solver iterations under jacrev
+        d = d.replace(qacc_warmstart=traj["qacc"].reshape(size * T, nv))
+        model = from_solution(model)
+    varying, values, tangents = _varying_leaves(m, params, x)
+    leaves, spec = pytree.tree_flatten(model)  # the varying leaves are replaced by jacrev's inputs below
+    dx0 = torch.zeros(2 * nv + m.na, dtype=m.dtype, device=m.device)
+
+    def jacobians(d: Data, nominal: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        f = transition(d, nominal, mode)
+
+        def g(dx: Tensor, changed: list[Tensor]):
+            return f(_replaced(leaves, varying, changed, spec), dx, d.ctrl)
+
+        (A, P), (C, Q) = torch.func.jacrev(g, argnums=(0, 1))(dx0, values)
+        # d out / d theta contracted with d theta / dx: [rows, n]
+        contract = lambda J: sum(j.reshape(j.shape[0], t[0].numel()) @ t.reshape(t.shape[0], -1).mT  # noqa: E731
+                                 for j, t in zip(J, tangents))
+        return A, contract(P), C, contract(Q)
+
+    A, P, C, Q = (J.reshape(size, T, *J.shape[1:]) for J in elementwise(jacobians, True)(d, nominal))
+    S = torch.zeros(size, 2 * nv + m.na, x.shape[0], dtype=m.dtype, device=m.device)
+    states, sensors = [], []
+    for t in range(T):
+        sensors.append(C[:, t] @ S + Q[:, t])
+        S = A[:, t] @ S + P[:, t]
+        states.append(S)
+    states = torch.stack(states, 1)  # [size, T, 2nv + na, n]
+    # tangent-space position derivatives to qpos's own coordinates (quaternions: their tangent plane)
+    one = torch.ones((), dtype=m.dtype, device=m.device)
+    zero = torch.zeros_like(states[..., :nv, 0])
+    qpos = torch.vmap(lambda dq: torch.func.jvp(lambda v: integrate_pos(m, traj["qpos"], v, one), (zero,), (dq,))[1],
+                      in_dims=-1, out_dims=-1)(states[..., :nv, :])
+    derivative = {"sensordata": torch.stack(sensors, 1), "qpos": qpos, "qvel": states[..., nv : 2 * nv, :]}
+    return {s: derivative[s].movedim(-1, 0).reshape(x.shape[0], *batch, T, -1) for s in measured}
 
 
 def _batch_shape(data: Recording) -> torch.Size:
     """The broadcast batch shape of d0, ctrl and the measurements."""
     return torch.broadcast_shapes(tuple(data.d0.batch_size), tuple(data.ctrl.shape[:-2]),
                                   *(tuple(getattr(data, s).shape[:-2]) for s in _measured(data)))
-
-
-def _residual_size(m: Model, data: Recording) -> int:
-    _check_recording(m, data)
-    per_step = {"sensordata": m.nsensordata, "qpos": m.nv, "qvel": m.nv}
-    return sum(_batch_shape(data).numel() * data.ctrl.shape[-2] * per_step[s] for s in _measured(data))
 
 
 def _intervals(params, layout, x: Tensor, r: Tensor, J: Tensor, alpha: float, rank_tol: float):
@@ -452,7 +552,7 @@ def fit(
     xtol (|x| + xtol), an accepted step lowers the cost by <= ftol times it, or mu exceeds 1e16.
     callback(iteration, cost, x) after each iteration. Warns when J'J is singular at the end.
     compile: False evaluates trial points by ``residual`` and Jacobians by ``jacobian`` (``mode``) at
-    accepted points; True (or ``torch.compile``'s keyword arguments) evaluates both at every trial
+    accepted points (``"auto"`` / ``"steps"``: from the trial's own rollout, kept); True (or ``torch.compile``'s keyword arguments) evaluates both at every trial
     point by ``residual_and_jacobian_function`` with compiled steps (forward mode; ``wall_time``
     includes the compile, paid by the process's first fit of a model and batch shape).
     See ``SysIdResult`` for the output and the confidence intervals' formula.
@@ -462,13 +562,24 @@ def fit(
     x = initial_vector(m, params)
     lower, upper = bounds(m, params)
 
-    if compile is False:
-        def evaluate(x: Tensor) -> tuple[Tensor, float, Tensor | None]:
+    if compile is False and mode in ("auto", "steps"):
+        _check_recording(m, data)
+
+        def evaluate(x: Tensor) -> tuple[Tensor, float, dict[str, Tensor]]:
+            traj = _trajectory(m, params, data, x)
+            r = _weighted_difference(m, data, _predicted(data, traj))
+            return r, 0.5 * float(r @ r), traj
+
+        def jacobian_at(x: Tensor, traj: dict[str, Tensor]) -> Tensor:  # the rollout at x is the residual's
+            derivatives = _chain_step_jacobians(m, params, data, x, traj)
+            return _weighted_difference_and_jacobian(m, data, _predicted(data, traj), derivatives)[1]
+    elif compile is False:
+        def evaluate(x: Tensor) -> tuple[Tensor, float, None]:
             with torch.no_grad():
                 r = residual(m, params, data, x)
             return r, 0.5 * float(r @ r), None
 
-        def jacobian_at(x: Tensor, J: Tensor | None) -> Tensor:
+        def jacobian_at(x: Tensor, _) -> Tensor:
             return jacobian(m, params, data, x, mode)
     else:
         if mode == "reverse":
@@ -482,8 +593,8 @@ def fit(
         def jacobian_at(x: Tensor, J: Tensor | None) -> Tensor:
             return J
 
-    r, cost, J = evaluate(x)
-    J = jacobian_at(x, J)
+    r, cost, found = evaluate(x)
+    J = jacobian_at(x, found)
     history = [cost]
     mu, grow, status = 1e-3, 2.0, "max_iterations"
     iteration = 0
@@ -501,7 +612,7 @@ def fit(
         if move.norm() <= xtol * (x.norm() + xtol):
             status, iteration = "step", iteration - 1
             break
-        r_new, cost_new, J_new = evaluate(x + move)
+        r_new, cost_new, found_new = evaluate(x + move)
         predicted = -float(g @ move + 0.5 * move @ H @ move)
         if cost_new < cost:
             rho = (cost - cost_new) / predicted if predicted > 0 else 1.0
@@ -509,7 +620,7 @@ def fit(
             grow = 2.0
             decrease = cost - cost_new
             x, r, cost = x + move, r_new, cost_new
-            J = jacobian_at(x, J_new)
+            J = jacobian_at(x, found_new)
             history.append(cost)
             if callback is not None:
                 callback(iteration, cost, x)
