@@ -8,6 +8,7 @@ step on a CPU: PyTorch's forward-mode overhead per operation).
 from __future__ import annotations
 
 import io
+import itertools
 import math
 
 import mujoco
@@ -196,6 +197,33 @@ def test_bounds_are_respected():
     assert max(seen) <= 0.3
     assert result.params["dof_damping[x]"].item() == 0.3
     assert result.converged and result.status == "gradient"
+
+
+def test_box_qp_equals_the_best_vertex_face_or_interior_point():
+    """fit's step solves its quadratic model within the bounds: box_qp against enumerating which bound (or
+    none) each component sits on, on random positive definite problems with some bounds infinite."""
+    generator = torch.Generator().manual_seed(0)
+    n = 4
+    for trial in range(30):
+        A = torch.randn(n, n, dtype=torch.float64, generator=generator)
+        M = A @ A.mT + 0.1 * torch.eye(n, dtype=torch.float64)
+        g = 3 * torch.randn(n, dtype=torch.float64, generator=generator)
+        low = -torch.rand(n, dtype=torch.float64, generator=generator)
+        high = torch.rand(n, dtype=torch.float64, generator=generator)
+        low[0], high[1] = (-math.inf if trial % 2 else low[0]), (math.inf if trial % 3 else high[1])
+        best, best_value = None, math.inf
+        for faces in itertools.product((0, 1, 2), repeat=n):  # free, at low, at high
+            face = torch.tensor(faces)
+            d = torch.where(face == 1, low, torch.where(face == 2, high, 0.0))
+            free = face == 0
+            if d.isinf().any():
+                continue
+            if free.any():
+                d[free] = torch.linalg.solve(M[free][:, free], -(g[free] + M[free][:, ~free] @ d[~free]))
+            value = 0.5 * d @ M @ d + g @ d
+            if (d >= low - 1e-12).all() and (d <= high + 1e-12).all() and value < best_value:
+                best, best_value = d, value.item()
+        np.testing.assert_allclose(sysid.box_qp(M, g, low, high).numpy(), best.numpy(), rtol=0, atol=1e-12)
 
 
 def test_a_parameter_the_residual_does_not_see_is_flagged():

@@ -14,8 +14,9 @@ The optimisation variable x [n] concatenates the parameters' flattened values, l
 where asked. ``residual(x)`` is the weighted difference between ``diffmj.rollout`` of the model
 with the parameters set by ``diffmj.set_param`` and the measurements, flattened; ``jacobian(x)``
 its exact Jacobian (by default every step's Jacobians, all steps in one reverse-mode batch, chained
-along the rollout; or ``torch.func.jacfwd`` / ``jacrev`` of the rollout); ``fit`` a small projected
-Levenberg-Marquardt on them; ``least_squares_functions`` hands the same residual and Jacobian to
+along the rollout; or ``torch.func.jacfwd`` / ``jacrev`` of the rollout); ``fit`` a small
+Levenberg-Marquardt on them whose steps minimise its quadratic model within the bounds
+(``box_qp``); ``least_squares_functions`` hands the same residual and Jacobian to
 ``mujoco.minimize.least_squares``.
 
 Measurements line up with ``diffmj.rollout`` and with MuJoCo C: entry t is what mjData holds
@@ -527,6 +528,37 @@ def _intervals(params, layout, x: Tensor, r: Tensor, J: Tensor, alpha: float, ra
     return covariance, confidence, bool(null.any()), tuple(unidentified)
 
 
+def box_qp(M: Tensor, g: Tensor, low: Tensor, high: Tensor, max_iterations: int = 100) -> Tensor:
+    """argmin over low <= d <= high of 0.5 d'M d + g'd: d [n]; M [n, n] symmetric positive definite, g, low
+    (may be -inf), high (may be inf) [n], low <= 0 <= high.
+
+    Projected Newton (Bertsekas 1982; the method of MuJoCo's ``mju_boxQP``), for the few variables of a
+    Levenberg-Marquardt step: components at a bound whose gradient points outward are held there, a Newton
+    step on the others, a backtracking search along its projection onto the box. Stops when a full Newton
+    step lands inside the box and leaves the held set unchanged (the KKT conditions then hold).
+    """
+    d = torch.zeros_like(g)
+    value = lambda d: 0.5 * d @ M @ d + g @ d  # noqa: E731
+    held_before, exact = None, False
+    for _ in range(max_iterations):
+        q = M @ d + g
+        held = ((d <= low) & (q > 0)) | ((d >= high) & (q < 0))
+        if exact and torch.equal(held, held_before):
+            break
+        free = ~held
+        newton = torch.zeros_like(d)
+        newton[free] = torch.linalg.solve(M[free][:, free], -q[free])
+        alpha, start = 1.0, value(d)
+        while True:
+            trial = (d + alpha * newton).clamp(low, high)
+            if value(trial) <= start + 1e-4 * (q @ (trial - d)) or alpha < 1e-12:
+                break
+            alpha *= 0.5
+        exact = alpha == 1.0 and torch.equal(trial, d + newton)
+        d, held_before = trial, held
+    return d
+
+
 def fit(
     m: Model,
     params: Sequence[Parameter],
@@ -544,16 +576,18 @@ def fit(
 ) -> SysIdResult:
     """Fit ``params`` to ``data`` by Levenberg-Marquardt on exact Jacobians, with box bounds.
 
-    Each iteration solves (J'J + mu diag(J'J)) dx = -J'r (Marquardt's scaling, so the damping
-    does not depend on the parameters' units), projects x + dx onto the bounds and accepts it if
-    the cost 0.5 |r|^2 decreases; mu follows Nielsen's schedule (shrunk by max(1/3, 1 - (2 rho -
+    Each iteration minimises the model 0.5 |r + J dx|^2 + 0.5 mu dx' diag(J'J) dx (Marquardt's
+    scaling, so the damping does not depend on the parameters' units) within the bounds
+    (``box_qp``, as ``mujoco.minimize`` does; clipping the unbounded step instead ended fits with
+    contacts at twice the cost, benchmarks/README.md) and accepts the step if the cost 0.5 |r|^2
+    decreases; mu follows Nielsen's schedule (shrunk by max(1/3, 1 - (2 rho -
     1)^3) after a step whose actual / predicted decrease is rho, doubled-and-growing after a
     rejection). Stops when the gradient's largest projected component is <= gtol, a step is <=
     xtol (|x| + xtol), an accepted step lowers the cost by <= ftol times it, or mu exceeds 1e16.
     callback(iteration, cost, x) after each iteration. Warns when J'J is singular at the end.
     compile: False evaluates trial points by ``residual`` and Jacobians by ``jacobian`` (``mode``) at
-    accepted points (``"auto"`` / ``"steps"``: from the trial's own rollout, kept); True (or ``torch.compile``'s keyword arguments) evaluates both at every trial
-    point by ``residual_and_jacobian_function`` with compiled steps (forward mode; ``wall_time``
+    accepted points (``"auto"`` / ``"steps"``: from the trial's own rollout, kept); True (or
+    ``torch.compile``'s keyword arguments) evaluates both at every trial point by ``residual_and_jacobian_function`` with compiled steps (forward mode; ``wall_time``
     includes the compile, paid by the process's first fit of a model and batch shape).
     See ``SysIdResult`` for the output and the confidence intervals' formula.
     """
@@ -607,8 +641,8 @@ def fit(
             break
         H = J.mT @ J
         scale = H.diagonal().clamp_min(torch.finfo(H.dtype).eps * H.diagonal().max())
-        dx = torch.linalg.solve(H + mu * torch.diag(scale), -g)
-        move = (x + dx).clamp(lower, upper) - x
+        dx = box_qp(H + mu * torch.diag(scale), g, lower - x, upper - x)
+        move = (x + dx).clamp(lower, upper) - x  # x + dx can round past a bound
         if move.norm() <= xtol * (x.norm() + xtol):
             status, iteration = "step", iteration - 1
             break
