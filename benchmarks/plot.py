@@ -1,13 +1,16 @@
 """Plot a benchmark's result: step_throughput.py's steps per second against batch size, one panel per
-model, or planners.py's cost against wall time, one panel per task.
+model; planners.py's cost against wall time, one panel per task; or sysid.py's final error against wall
+time, one panel per problem.
 
     python benchmarks/plot.py                                   # results/step_throughput.json
     python benchmarks/plot.py results.json --out results.png
     python benchmarks/plot.py a.json b.json --out both.png       # the records of several runs
     python benchmarks/plot.py benchmarks/results/planners.json   # -> planners.png
+    python benchmarks/plot.py benchmarks/results/sysid.json      # -> sysid.png
 
 Of several step_throughput runs' records for the same model, backend and batch size, the last
-file's is plotted (a re-run replaces what it re-measured). planners.py's result is plotted alone.
+file's is plotted (a re-run replaces what it re-measured). planners.py's and sysid.py's results are
+plotted alone.
 
 Needs matplotlib, which is not a dependency of diffmj: install it into any
 environment (``pip install matplotlib``); this script reads only the JSON.
@@ -47,10 +50,10 @@ def main() -> None:
         sys.exit("plot.py needs matplotlib, which diffmj does not depend on: pip install matplotlib")
 
     results = [json.loads(path.read_text()) for path in args.json]
-    if "open_loop" in results[0]:
+    if "open_loop" in results[0] or "problems" in results[0]:
         if len(results) > 1:
-            sys.exit("a planners.py result is plotted alone")
-        fig = plot_planners(plt, results[0])
+            sys.exit("a planners.py or sysid.py result is plotted alone")
+        fig = (plot_planners if "open_loop" in results[0] else plot_sysid)(plt, results[0])
     else:
         fig = plot_throughput(plt, results)
     out = args.out or args.json[0].with_suffix(".png")
@@ -115,6 +118,40 @@ def plot_planners(plt, result: dict):
     machine = result["machine"]
     fig.suptitle(f"diffmj planners, {result['date'][:10]}, {machine['cpu']}, {machine['cores']} cores "
                  f"(load average {machine['load_average_start'][0]:.1f} at the start)", fontsize="medium")
+    fig.tight_layout()
+    return fig
+
+
+def plot_sysid(plt, result: dict):
+    """Each method's largest relative parameter error against its wall time, one panel per problem
+    (log-log; compiled fits at their wall time including the compile): the figure."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    problems = result["problems"]
+    ncols = min(2, len(problems))
+    nrows = -(-len(problems) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.0 * ncols, 4.5 * nrows), squeeze=False)
+    for ax in axes.flat[len(problems):]:
+        ax.set_visible(False)
+    markers = dict(zip(("mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit", "diffmj_fit_compiled",
+                        "minimize_exact"), "osD^v"))
+    for ax, (name, problem) in zip(axes.flat, problems.items()):
+        for method, r in problem["methods"].items():
+            if "error" in r:
+                continue
+            # an exact fit's error is roundoff: drawn at 1e-16 at least, where a log axis can show it
+            ax.plot(r["wall_s"], max(r["max_relative_error"], 1e-16), marker=markers.get(method, "x"),
+                    linestyle="none", markersize=8, label=method)
+        ax.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="largest relative parameter error",
+               title=f"{name} ({len(problem['true'])} parameters, {problem['chunks']} chunks)")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda t, _: f"{t:g}"))  # seconds, not powers of ten
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="x-small")
+    machine = result["machine"]
+    fig.suptitle(f"system identification: diffmj against mujoco.sysid, same data, start and bounds\n"
+                 f"{machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
+                 f"mujoco {machine['mujoco']}", fontsize="medium")
     fig.tight_layout()
     return fig
 
