@@ -211,6 +211,7 @@ def test_box_qp_equals_the_best_vertex_face_or_interior_point():
         low = -torch.rand(n, dtype=torch.float64, generator=generator)
         high = torch.rand(n, dtype=torch.float64, generator=generator)
         low[0], high[1] = (-math.inf if trial % 2 else low[0]), (math.inf if trial % 3 else high[1])
+        low[2], high[3] = (0.0 if trial % 4 == 1 else low[2]), (0.0 if trial % 4 == 2 else high[3])  # on a bound
         best, best_value = None, math.inf
         for faces in itertools.product((0, 1, 2), repeat=n):  # free, at low, at high
             face = torch.tensor(faces)
@@ -224,6 +225,9 @@ def test_box_qp_equals_the_best_vertex_face_or_interior_point():
             if (d >= low - 1e-12).all() and (d <= high + 1e-12).all() and value < best_value:
                 best, best_value = d, value.item()
         np.testing.assert_allclose(sysid.box_qp(M, g, low, high).numpy(), best.numpy(), rtol=0, atol=1e-12)
+    # every component at a bound it is pushed against: nothing moves
+    zeros, ones = torch.zeros(n, dtype=torch.float64), torch.ones(n, dtype=torch.float64)
+    assert torch.equal(sysid.box_qp(torch.eye(n, dtype=torch.float64), ones, zeros, ones), zeros)
 
 
 def test_a_parameter_the_residual_does_not_see_is_flagged():
@@ -351,14 +355,19 @@ def _assert_joint_equals_separate(m, params, data, x):
 
 def test_stepwise_jacobian_equals_jacfwd_of_the_rollout():
     """Two sequences, a log parameter, an indexed one and one set_const derives constants from (the mass);
+    an actuator with activation dynamics (a state of its own, na = 1) whose time constant is fitted;
     sensors that read the parameters within the step (the joint's actuator force: the gear; an accelerometer:
     mass, damping and gear through qacc); qpos on the manifold and contacts on the sliding box."""
     reads_params = SPRING.replace('<geom type="sphere"', '<site name="s"/><geom type="sphere"').replace(
-        "</sensor>", '<jointactuatorfrc joint="x"/><accelerometer site="s"/></sensor>')
+        "</sensor>", '<jointactuatorfrc joint="x"/><accelerometer site="s"/></sensor>').replace(
+        '<motor name="motor" joint="x" gear="{gear}"/>',
+        '<general name="motor" joint="x" gear="{gear}" dyntype="filter" dynprm="0.1"/>')
     m, true = (diffmj.put_model(mujoco.MjModel.from_xml_string(reads_params.format(**{**TRUE, **values})))
                for values in (dict(mass=1.0, damping=0.1, gear=1.0), {}))
+    assert m.na == 1
     data = _spring_recording(true, horizon=8)
-    _assert_joint_equals_separate(m, SPRING_PARAMS, data, sysid.initial_vector(m, SPRING_PARAMS))
+    params = SPRING_PARAMS + [sysid.Parameter("actuator_dynprm", "motor", index=0, initial=0.05)]
+    _assert_joint_equals_separate(m, params, data, sysid.initial_vector(m, params))
     box = diffmj.put_model(mujoco.MjModel.from_xml_string(SLIDING_BOX.format(friction=0.3)))
     box_params = SLIDING_FRICTION + [sysid.Parameter("body_mass", "box", initial=0.8)]
     _assert_joint_equals_separate(box, box_params, _sliding_box_recording(0.5, horizon=4),

@@ -25,9 +25,10 @@ from diffmj.workarounds import elementwise
 
 
 def transition(d: Data, nominal: Tensor, mode: BackwardMode):
-    """The step from unbatched d as a function (model, state perturbation [2nv+na], ctrl [nu]) -> (next-state
-    tangent from the position ``nominal`` [nq], sensordata): what A, B, C, D differentiate. The model is an
-    argument so that derivatives w.r.t. its tensors can be taken too (``diffmj.optim.sysid``)."""
+    """The step from unbatched d as a function f(model, dx [2nv+na], ctrl [nu]) -> (the next state as a
+    tangent from the position ``nominal`` [nq] [2nv+na], sensordata [nsensordata]), dx perturbing d's state:
+    what A, B, C, D differentiate. The model is an argument so that derivatives w.r.t. its tensors can be
+    taken too (``diffmj.optim.sysid``)."""
 
     def f(m: Model, dx: Tensor, ctrl: Tensor):
         nv = m.nv

@@ -303,9 +303,7 @@ def jacobian(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor, 
         raise ValueError(f"mode must be 'auto', 'steps', 'forward' or 'reverse', got {mode!r}")
     if mode == "steps":
         _check_recording(m, data)
-        traj = _trajectory(m, params, data, x)
-        return _weighted_difference_and_jacobian(m, data, _predicted(data, traj),
-                                                 _chain_step_jacobians(m, params, data, x, traj))[1]
+        return _steps_jacobian(m, params, data, x, _trajectory(m, params, data, x))
     transform = torch.func.jacfwd if mode == "forward" else torch.func.jacrev
     return transform(lambda x: residual(m, params, data, x))(x)
 
@@ -331,12 +329,9 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
     _check_recording(m, data)
     options = compile_options(compile)
     leaves, spec = pytree.tree_flatten(m)
-    varying = _varying_leaves(m, params, initial_vector(m, params))[0]
+    varying = _varying_positions(m, params, initial_vector(m, params))
     measured = _measured(data)
-    batch = _batch_shape(data)
-    size = batch.numel()  # one flat batch dimension, as rollout steps it
-    d0 = data.d0.expand(batch).reshape(size)
-    ctrl = data.ctrl.expand(*batch, *data.ctrl.shape[-2:]).reshape(size, *data.ctrl.shape[-2:])
+    batch, d0, ctrl = _flat_inputs(data)
     # copies: a compiled step guards on which inputs alias each other, and later steps' states alias nothing
     state0 = {name: getattr(d0, name).clone() for name in STATE_FIELDS if getattr(d0, name).is_floating_point()}
 
@@ -355,12 +350,12 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
             solved = step(pytree.tree_unflatten(model_leaves, spec), d0.replace(**state, ctrl=ctrl_t))
             state = {**state, "qacc_warmstart": solved.qacc}
 
-        def transition(changed: list[Tensor], state: dict[str, Tensor]):
+        def stepped(changed: list[Tensor], state: dict[str, Tensor]):
             out = step(_replaced(model_leaves, varying, changed, tangent_spec), d0.replace(**state, ctrl=ctrl_t))
             return {name: getattr(out, name) for name in state}, {s: getattr(out, s) for s in measured}
 
         def along(model_tangent: list[Tensor], state_tangent: dict[str, Tensor]):
-            return torch.func.jvp(transition, ([model_leaves[i] for i in varying], state),
+            return torch.func.jvp(stepped, ([model_leaves[i] for i in varying], state),
                                   (model_tangent, state_tangent))
 
         # the primal does not depend on the tangent: vmap returns n equal copies, keep the first
@@ -373,7 +368,7 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
 
     def evaluate(x: Tensor) -> tuple[Tensor, Tensor]:
         n = x.shape[0]
-        _, values, model_tangents = _varying_leaves(m, params, x)
+        values, model_tangents = _varying_leaves(m, params, x, varying)
         model_leaves = list(leaves)
         for i, value in zip(varying, values):
             model_leaves[i] = value
@@ -395,12 +390,16 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
     return evaluate
 
 
-def _varying_leaves(m: Model, params: Sequence[Parameter], x: Tensor) -> tuple[list[int], list[Tensor], list[Tensor]]:
-    """Which of m's pytree leaves ``apply`` recomputes from x [n] (their positions), their values at x and their
-    tangents [n, ...] (d leaf / d x_i, one per component of x), each its own storage."""
-    leaves = pytree.tree_leaves(m)
-    varying = [i for i, (before, after) in enumerate(zip(leaves, pytree.tree_leaves(apply(m, params, x))))
-               if before is not after]
+def _varying_positions(m: Model, params: Sequence[Parameter], x: Tensor) -> list[int]:
+    """The positions of m's pytree leaves that ``apply`` recomputes from x [n]."""
+    return [i for i, (before, after) in enumerate(zip(pytree.tree_leaves(m), pytree.tree_leaves(apply(m, params, x))))
+            if before is not after]
+
+
+def _varying_leaves(m: Model, params: Sequence[Parameter], x: Tensor,
+                    varying: list[int]) -> tuple[list[Tensor], list[Tensor]]:
+    """The leaves at positions ``varying`` of ``apply(m, params, x)``, and their tangents [n, ...] (d leaf / d x_i,
+    one per component of x [n]), each its own storage."""
 
     def changed(x: Tensor) -> list[Tensor]:
         return [pytree.tree_leaves(apply(m, params, x))[i] for i in varying]
@@ -408,7 +407,7 @@ def _varying_leaves(m: Model, params: Sequence[Parameter], x: Tensor) -> tuple[l
     unit = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
     values, tangents = torch.vmap(lambda e: torch.func.jvp(changed, (x,), (e,)))(unit)
     # copies: vmap's outputs are views (the values n equal copies of one expanded tensor)
-    return varying, [v[0].clone() for v in values], [t.clone() for t in tangents]
+    return [v[0].clone() for v in values], [t.clone() for t in tangents]
 
 
 def _replaced(leaves: list[Tensor], positions: list[int], replacements: list[Tensor], spec) -> Model:
@@ -423,10 +422,7 @@ def _trajectory(m: Model, params: Sequence[Parameter], data: Recording, x: Tenso
     """The rollout at x without derivatives: the state fields, qacc and the measured signals, name ->
     [size, T, ...] over the flattened batch of sequences. The residual is ``_weighted_difference`` of its
     measured signals; ``_chain_step_jacobians`` takes their derivatives from it."""
-    batch = _batch_shape(data)
-    size, T = batch.numel(), data.ctrl.shape[-2]
-    d0 = data.d0.expand(batch).reshape(size)
-    ctrl = data.ctrl.expand(*batch, T, m.nu).reshape(size, T, m.nu)
+    _, d0, ctrl = _flat_inputs(data)
     kept = tuple(dict.fromkeys((*STATE_FIELDS, "qacc", *_measured(data))))
     with torch.no_grad():
         return rollout(apply(m, params, x), d0, ctrl, checkpoint=None, observe=kept)
@@ -437,24 +433,34 @@ def _predicted(data: Recording, traj: dict[str, Tensor]) -> dict[str, Tensor]:
     return {s: traj[s].reshape(*_batch_shape(data), data.ctrl.shape[-2], -1) for s in _measured(data)}
 
 
+def _steps_jacobian(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor,
+                    traj: dict[str, Tensor]) -> Tensor:
+    """``jacobian(mode="steps")`` [nr, n] from ``traj``, the ``_trajectory`` at x [n]."""
+    derivatives = _chain_step_jacobians(m, params, data, x, traj)
+    return _weighted_difference_and_jacobian(m, data, _predicted(data, traj), derivatives)[1]
+
+
 def _chain_step_jacobians(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor,
                           traj: dict[str, Tensor]) -> dict[str, Tensor]:
     """The derivatives of the measured signals w.r.t. x (name -> [n, *batch, T, k]) along ``traj``, the
     ``_trajectory`` at x, by forward sensitivities from per-step Jacobians.
 
-    Every step of every sequence, all T x batch at once as one explicit batch, is differentiated by
+    Every step of every sequence, all T x size at once as one explicit batch, is differentiated by
     reverse mode (``diffmj.grad.transition``'s step, from the step's known solution where
-    ``reuses_solution``): A_t = d x_t+1 / d x_t, P_t = d x_t+1 / d theta, C_t, Q_t the same for
-    sensordata, theta the model's tensors that x sets, contracted with their tangents d theta / dx. The
-    state's sensitivity S_t = d x_t / dx then follows S_0 = 0, S_t+1 = A_t S_t + P_t and sensordata's is
-    C_t S_t + Q_t: T small matrix products instead of T steps under forward-mode AD.
+    ``reuses_solution``), s_t being the state before step t + 1 as a tangent (dq, dqvel, dact) [ns =
+    2 nv + na] and theta the model's tensors that x sets: A_t = d s_t+1 / d s_t [size, T, ns, ns] and
+    P_t = d s_t+1 / d theta, C_t = d sensordata_t / d s_t [size, T, nsensordata, ns] and Q_t = d
+    sensordata_t / d theta, the theta columns contracted with d theta / dx (P_t [size, T, ns, n], Q_t
+    [size, T, nsensordata, n]). The sensitivity S_t = d s_t / dx [size, ns, n] then follows S_0 = 0,
+    S_t+1 = A_t S_t + P_t: T small matrix products instead of T steps under forward-mode AD. sensordata[t]
+    (read before step t + 1) takes C_t S_t + Q_t, qpos[t] and qvel[t] (after it) S_t+1, whose position
+    rows, tangents at the qpos before, are mapped to qpos's own coordinates at the qpos after.
     """
     measured = _measured(data)
-    batch = _batch_shape(data)
-    size, T, nv = batch.numel(), data.ctrl.shape[-2], m.nv
+    batch, d0, ctrl = _flat_inputs(data)
+    size, T, nv = batch.numel(), ctrl.shape[-2], m.nv
+    ctrl = ctrl.reshape(size * T, m.nu)
     model = apply(m, params, x)
-    d0 = data.d0.expand(batch).reshape(size)
-    ctrl = data.ctrl.expand(*batch, T, m.nu).reshape(size * T, m.nu)
     # the Data before each step [size * T]: d0's inputs, the state after the step before, this step's control
     before = {f: torch.cat((getattr(d0, f)[:, None], traj[f][:, :-1]), 1).reshape(size * T, *traj[f].shape[2:])
               for f in STATE_FIELDS}
@@ -464,7 +470,8 @@ def _chain_step_jacobians(m: Model, params: Sequence[Parameter], data: Recording
     if reuses_solution(model, mode):  # differentiate from the solution: no solver iterations under jacrev
         d = d.replace(qacc_warmstart=traj["qacc"].reshape(size * T, nv))
         model = from_solution(model)
-    varying, values, tangents = _varying_leaves(m, params, x)
+    varying = _varying_positions(m, params, x)
+    values, tangents = _varying_leaves(m, params, x, varying)
     leaves, spec = pytree.tree_flatten(model)  # the varying leaves are replaced by jacrev's inputs below
     dx0 = torch.zeros(2 * nv + m.na, dtype=m.dtype, device=m.device)
 
@@ -495,6 +502,15 @@ def _chain_step_jacobians(m: Model, params: Sequence[Parameter], data: Recording
                       in_dims=-1, out_dims=-1)(states[..., :nv, :])
     derivative = {"sensordata": torch.stack(sensors, 1), "qpos": qpos, "qvel": states[..., nv : 2 * nv, :]}
     return {s: derivative[s].movedim(-1, 0).reshape(x.shape[0], *batch, T, -1) for s in measured}
+
+
+def _flat_inputs(data: Recording) -> tuple[torch.Size, Data, Tensor]:
+    """(the batch shape of the sequences, d0 [size], ctrl [size, T, nu]) with the batch flattened to one
+    dimension of size ``batch.numel()``, as ``rollout`` steps it."""
+    batch = _batch_shape(data)
+    size = batch.numel()
+    return batch, data.d0.expand(batch).reshape(size), data.ctrl.expand(*batch, *data.ctrl.shape[-2:]).reshape(
+        size, *data.ctrl.shape[-2:])
 
 
 def _batch_shape(data: Recording) -> torch.Size:
@@ -533,28 +549,40 @@ def box_qp(M: Tensor, g: Tensor, low: Tensor, high: Tensor, max_iterations: int 
     (may be -inf), high (may be inf) [n], low <= 0 <= high.
 
     Projected Newton (Bertsekas 1982; the method of MuJoCo's ``mju_boxQP``), for the few variables of a
-    Levenberg-Marquardt step: components at a bound whose gradient points outward are held there, a Newton
-    step on the others, a backtracking search along its projection onto the box. Stops when a full Newton
-    step lands inside the box and leaves the held set unchanged (the KKT conditions then hold).
+    Levenberg-Marquardt step: components at a bound whose gradient points outward are held there and a
+    Newton step is taken on the others. Inside the box it is taken whole; else its projection onto the box
+    if that lowers the value enough (Armijo), else the step up to the first bound it meets (the value falls
+    all the way there: along the step's ray the minimum is at its end), else a backtracking search along
+    the projection. Stops when a whole step stays inside the box and leaves the held set unchanged (the
+    KKT conditions then hold), when no step lowers the value (they hold to roundoff), or after
+    ``max_iterations`` (d then lies in the box, no worse than 0, but is not necessarily the minimiser).
     """
     d = torch.zeros_like(g)
     value = lambda d: 0.5 * d @ M @ d + g @ d  # noqa: E731
-    held_before, exact = None, False
+    held_before, whole = None, False
     for _ in range(max_iterations):
         q = M @ d + g
         held = ((d <= low) & (q > 0)) | ((d >= high) & (q < 0))
-        if exact and torch.equal(held, held_before):
+        if whole and torch.equal(held, held_before):
             break
         free = ~held
         newton = torch.zeros_like(d)
         newton[free] = torch.linalg.solve(M[free][:, free], -q[free])
-        alpha, start = 1.0, value(d)
-        while True:
-            trial = (d + alpha * newton).clamp(low, high)
-            if value(trial) <= start + 1e-4 * (q @ (trial - d)) or alpha < 1e-12:
-                break
-            alpha *= 0.5
-        exact = alpha == 1.0 and torch.equal(trial, d + newton)
+        # the fraction of the step that stays inside the box
+        room = torch.where(newton > 0, (high - d) / newton, torch.where(newton < 0, (low - d) / newton, math.inf))
+        reach = min(1.0, max(0.0, room.min().item()))
+        start = value(d)
+        enough = lambda trial: value(trial) <= start + 1e-4 * (q @ (trial - d))  # noqa: E731
+        trial, whole = (d + newton).clamp(low, high), reach == 1.0
+        if not whole and not enough(trial):
+            if reach > 0:
+                trial = (d + reach * newton).clamp(low, high)
+            else:
+                alpha = 0.5
+                while not enough(trial := (d + alpha * newton).clamp(low, high)):
+                    alpha *= 0.5
+                    if alpha < 1e-12:
+                        return d
         d, held_before = trial, held
     return d
 
@@ -585,10 +613,11 @@ def fit(
     rejection). Stops when the gradient's largest projected component is <= gtol, a step is <=
     xtol (|x| + xtol), an accepted step lowers the cost by <= ftol times it, or mu exceeds 1e16.
     callback(iteration, cost, x) after each iteration. Warns when J'J is singular at the end.
-    compile: False evaluates trial points by ``residual`` and Jacobians by ``jacobian`` (``mode``) at
-    accepted points (``"auto"`` / ``"steps"``: from the trial's own rollout, kept); True (or
-    ``torch.compile``'s keyword arguments) evaluates both at every trial point by ``residual_and_jacobian_function`` with compiled steps (forward mode; ``wall_time``
-    includes the compile, paid by the process's first fit of a model and batch shape).
+    compile: False evaluates the residual at trial points (one rollout each) and its Jacobian at accepted
+    points (``mode``; with ``"auto"`` / ``"steps"`` from the accepted trial's own rollout, kept); True (or
+    ``torch.compile``'s keyword arguments) evaluates both at every trial point by
+    ``residual_and_jacobian_function`` with compiled steps (forward mode, ``mode`` "auto" or "forward";
+    ``wall_time`` includes the compile, paid by the process's first fit of a model and batch shape).
     See ``SysIdResult`` for the output and the confidence intervals' formula.
     """
     start = time.perf_counter()
@@ -605,8 +634,7 @@ def fit(
             return r, 0.5 * float(r @ r), traj
 
         def jacobian_at(x: Tensor, traj: dict[str, Tensor]) -> Tensor:  # the rollout at x is the residual's
-            derivatives = _chain_step_jacobians(m, params, data, x, traj)
-            return _weighted_difference_and_jacobian(m, data, _predicted(data, traj), derivatives)[1]
+            return _steps_jacobian(m, params, data, x, traj)
     elif compile is False:
         def evaluate(x: Tensor) -> tuple[Tensor, float, None]:
             with torch.no_grad():
@@ -616,8 +644,8 @@ def fit(
         def jacobian_at(x: Tensor, _) -> Tensor:
             return jacobian(m, params, data, x, mode)
     else:
-        if mode == "reverse":
-            raise ValueError("compile= evaluates Jacobians in forward mode: use mode='auto' or 'forward'")
+        if mode not in ("auto", "forward"):
+            raise ValueError(f"compile= evaluates Jacobians in forward mode: use mode='auto' or 'forward', got {mode!r}")
         joint = residual_and_jacobian_function(m, params, data, compile)
 
         def evaluate(x: Tensor) -> tuple[Tensor, float, Tensor | None]:
