@@ -75,7 +75,7 @@ def test_first_ilqr_iteration_on_a_linear_system_is_lqr():
     x0 = np.array([0.5, -0.3, 0.2, 0.4])
     d = diffmj.make_data(m).replace(qpos=torch.tensor(x0[:2]), qvel=torch.tensor(x0[2:]))
     horizon = 20
-    result = optim.ilqr(m, d, torch.zeros(horizon, 2, dtype=m.dtype), cost, max_iterations=1)
+    result = optim.ilqr(m, d, torch.zeros(horizon, 2, dtype=m.dtype), cost, max_iterations=1, regularization=0.0)
 
     Q = np.diag([weights["q"]] * 2 + [weights["v"]] * 2)
     Q_end = np.diag([weights["q_end"]] * 2 + [weights["v_end"]] * 2)
@@ -127,7 +127,7 @@ def test_ilqr_from_controls_at_their_bounds_takes_the_lqr_step(jacobians):
     diffmj.get_data_into(mjd, mjm, at_bound)
     mujoco.mjd_transitionFD(mjm, mjd, 1e-6, True, None, B_fd, None, None)
     np.testing.assert_allclose(B.numpy(), B_fd, rtol=1e-6, atol=1e-9)
-    result = optim.ilqr(m, d, torch.full((horizon, 2), bound, dtype=m.dtype), cost, max_iterations=1,
+    result = optim.ilqr(m, d, torch.full((horizon, 2), bound, dtype=m.dtype), cost, max_iterations=1, regularization=0.0,
                         fd_model=mjm if jacobians == "mjd_transitionFD" else None)
     assert result.iterations == 1
     np.testing.assert_allclose(result.ctrl.numpy(), lqr_ctrl, rtol=0, atol=1e-6 * np.abs(lqr_ctrl).max())
@@ -284,17 +284,17 @@ def test_bad_input_is_refused():
 
 def test_ilqr_over_a_batch_of_initial_states_equals_a_loop():
     """Initial states [2, 2], each planned on its own from its own controls. On the linear point mass one
-    iteration solves a start from zero controls, and none is needed from the optimum, so the histories
-    differ in length: the shorter one repeats its final cost."""
+    unregularised iteration solves a start from zero controls, and none is needed from the optimum, so the
+    histories differ in length: the shorter one repeats its final cost."""
     m = diffmj.put_model(mujoco.MjModel.from_xml_string(POINT_MASS.format(mass=MASS)))
     cost = optim.Cost(running=(optim.Term(lambda m, d: d.qpos, 3.0), optim.Term(lambda m, d: d.ctrl, 0.05)),
                       terminal=(optim.Term(lambda m, d: d.qvel, 5.0),))
     qvel = torch.tensor([[[0.2, 0.4], [0.5, 0.0]], [[-0.3, 0.1], [1.0, -1.0]]], dtype=m.dtype)
     states = diffmj.make_data(m, batch_shape=(2, 2)).replace(qvel=qvel)
     ctrl = torch.zeros(2, 2, 8, m.nu, dtype=m.dtype)
-    ctrl[0, 1] = optim.ilqr(m, states[0, 1], ctrl[0, 1], cost).ctrl
-    batch = optim.ilqr(m, states, ctrl, cost)
-    loop = [optim.ilqr(m, states[i, j], ctrl[i, j], cost) for i in range(2) for j in range(2)]
+    ctrl[0, 1] = optim.ilqr(m, states[0, 1], ctrl[0, 1], cost, regularization=0.0).ctrl
+    batch = optim.ilqr(m, states, ctrl, cost, regularization=0.0)
+    loop = [optim.ilqr(m, states[i, j], ctrl[i, j], cost, regularization=0.0) for i in range(2) for j in range(2)]
     assert batch.ctrl.shape == (2, 2, 8, m.nu) and batch.trajectory.batch_size == (2, 2, 8)
     assert batch.iterations.tolist() == [[1, 0], [1, 1]] == [[r.iterations for r in loop[:2]],
                                                               [r.iterations for r in loop[2:]]]
@@ -328,14 +328,16 @@ def test_ilqr_regularisation_follows_mjpc_schedule():
 def test_parallel_and_sequential_line_searches_give_the_same_plan():
     """The parallel line search rolls every alpha out as one batch and accepts the first in order that passes
     the test, as the sequential one does: the same alphas, the same plan and history (to the batched step's
-    roundoff), on the acrobot's swing-up where steps shorter than 1 are accepted."""
+    roundoff), on the acrobot's swing-up where steps shorter than 1 are accepted (unregularised at the start:
+    from MJPC's mu = 1 every step there is whole)."""
     task = tasks.acrobot()
     _, m, d = tasks.load(task, torch.float64, 0.1)
     start = torch.full((30, m.nu), 0.1, dtype=m.dtype)
     runs = {}
     for line_search in ("sequential", "parallel"):
         steps: list[optim.IterationInfo] = []
-        result = optim.ilqr(m, d, start, task.cost, max_iterations=8, line_search=line_search, callback=steps.append)
+        result = optim.ilqr(m, d, start, task.cost, max_iterations=8, regularization=0.0, line_search=line_search,
+                            callback=steps.append)
         runs[line_search] = result, [info.alpha for info in steps]
     (sequential, alphas), (parallel, parallel_alphas) = runs["sequential"], runs["parallel"]
     assert parallel_alphas == alphas and 0 < min(alphas) < 1  # steps after rejected trials are exercised

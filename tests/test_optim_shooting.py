@@ -131,6 +131,28 @@ def test_tolerance_stops():
     assert result.converged and result.iterations == 0 and result.cost_history.shape == (1,)
 
 
+class _Diverging(torch.optim.Optimizer):
+    """A step that evaluates the closure and then leaves NaN in the parameters (what L-BFGS's strong-Wolfe
+    search did on the acrobot, every knot past its bound and the clamped cost flat)."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    def step(self, closure):
+        closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.data.fill_(float("nan"))
+
+
+def test_a_step_to_non_finite_knots_is_undone_and_stops():
+    m, d, cost, _ = _point_mass()
+    nominal = torch.full((HORIZON, 2), 0.1, dtype=m.dtype)
+    result = optim.gradient_shooting(m, d, nominal, cost, optimizer=_Diverging, iterations=5)
+    assert torch.equal(result.knots, nominal) and torch.isfinite(result.cost)
+    assert result.iterations == 1 and not result.converged  # the undone step left the plan unchanged: stop
+
+
 def _initial_states(m, d, count=3):
     """count initial states: d with different velocities."""
     qvel = torch.linspace(-1, 1, count, dtype=m.dtype)[:, None] * torch.tensor([0.5, 1.0], dtype=m.dtype)

@@ -176,7 +176,7 @@ def ilqr(
     *,
     max_iterations: int = 50,
     tolerance: float = 1e-6,
-    regularization: float = 0.0,
+    regularization: float = 1.0,
     regularization_min: float = 1e-6,
     regularization_max: float = 1e10,
     regularization_factor: float = 2.0,
@@ -198,9 +198,14 @@ def ilqr(
     (the gains are then those of the final plan), otherwise after ``max_iterations`` forward passes, or when
     the regularisation exceeds ``regularization_max``.
 
-    regularization*: mu starts at ``regularization`` and follows Tassa et al.'s Levenberg-Marquardt
-    schedule (factor delta grows by ``regularization_factor`` when the full step is not accepted,
-    mu multiplied by it; accepted full steps shrink both; mu below ``regularization_min`` drops to 0).
+    regularization*: mu starts at ``regularization`` (1, MJPC's start; from 0 the hopper's stand-up took
+    steps of 1/32 to 1/256 for 15 iterations and ended at cost 756 against 219 from 1, the cart-pole's
+    swing-up at 1687 against 1547) and follows MJPC's schedule of Tassa et al.'s Levenberg-Marquardt
+    factor (delta, times ``regularization_factor`` or divided by it, mu multiplied by delta) after
+    each iteration: lowered after a step whose decrease is at least half the predicted one or whose
+    alpha is above 0.3, raised after a rejected one, a surprise below 0.1 or an alpha below 0.06; mu
+    below ``regularization_min`` drops to 0. 0 makes the first step the unregularised Newton step
+    (LQR's solution on a linear-quadratic problem).
     alphas: step sizes tried in order; accepted when the decrease is at least ``min_decrease``
     times the predicted one. fd_model: linearise with MuJoCo C's ``mjd_transitionFD`` (centred,
     ``fd_eps``) on this MjModel (the one m was made from) instead of diffmj's exact Jacobians.

@@ -113,8 +113,10 @@ def gradient_shooting(
     one ``optimizer.step(closure)`` (for L-BFGS up to its ``max_iter`` inner iterations; its ``max_eval``,
     1.25 max_iter by default, caps the line search's trials: below max_iter=4 it cannot backtrack) and
     the projection. Stops after ``iterations``, when the projected gradient's largest entry is at most
-    ``tolerance`` (converged), when a step leaves the plan unchanged (e.g. L-BFGS's own tolerances) or
-    when the cost is not finite. checkpoint, backward_mode: as ``diffmj.rollout``. callback: called with a
+    ``tolerance`` (converged), when a step leaves the plan unchanged (e.g. L-BFGS's own tolerances), when
+    the cost is not finite, or when a step makes the knots non-finite: the plan is then the one before it
+    (L-BFGS's strong-Wolfe search divides by zero where every knot lies past its bound, since the clamped
+    cost is flat there: on the acrobot its knots reached 1e4 for a range of 1, then NaN). checkpoint, backward_mode: as ``diffmj.rollout``. callback: called with a
     ``ShootingInfo`` after each iteration.
 
     A batch of initial states d [*S] (nominal [K, nu] or [*S, K, nu]) gives independent plans: every
@@ -191,6 +193,8 @@ def gradient_shooting(
             before = knots[i].detach().clone()
             optimizers[i].step(closure(i))
             with torch.no_grad():
+                if not torch.isfinite(knots[i]).all():
+                    knots[i].copy_(before)
                 knots[i].clamp_(lower, upper)
             moved[i] = not torch.equal(before, knots[i].detach())
         # an optimiser's last trial may already be its new point (L-BFGS): evaluate the others, together
