@@ -40,7 +40,6 @@ import time
 from typing import Any, Callable, NamedTuple
 
 import mujoco
-import numpy as np
 import torch
 from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torch import Tensor, nn

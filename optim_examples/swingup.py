@@ -8,7 +8,8 @@ iteration (``--fd``: MuJoCo C's ``mjd_transitionFD``). The plan is then run in M
 ``mpc``: ``diffmj.optim.mpc`` plans from the plant's state at every step by predictive sampling
 (MJPC's planner: candidates perturb cubic spline knots, are rolled out by ``mujoco.rollout`` and scored
 by the task's cost in diffmj), applies the plan's first control to MuJoCo C's ``mj_step`` and
-warm-starts the next plan with this one shifted.
+warm-starts the next plan with this one shifted; ``closed_loop`` runs and reports that loop for any
+planner (``hopper_mpc.py``: iLQR).
 
 Both print what they achieved, plot the cost and the trajectory and render MuJoCo C's run.
 """
@@ -95,27 +96,41 @@ def ilqr(task: tasks.Task, args: argparse.Namespace, push: float) -> bool:
 
 
 def mpc(task: tasks.Task, args: argparse.Namespace) -> bool:
-    """Swing ``task`` up in closed loop, MuJoCo C as the plant; report it. Returns whether the plant
-    stayed up (``task.error`` below ``task.tolerance``) through the last second."""
+    """Swing ``task`` up in closed loop by predictive sampling, MuJoCo C as the plant; report it (``closed_loop``).
+    Returns whether the plant stayed up (``task.error`` below ``task.tolerance``) through the last second."""
     torch.set_num_threads(1)  # small batches: threading costs more than it saves
     mj_model, m, d = tasks.load(task)
-    timestep = mj_model.opt.timestep
-    horizon, steps = round(args.horizon / timestep), round(args.duration / timestep)
+    horizon = round(args.horizon / mj_model.opt.timestep)
     generator = torch.Generator().manual_seed(args.seed)
-    print(f"{task.name}: MPC for {steps} steps of {timestep} s from hanging at rest, predictive sampling of "
-          f"{args.samples} candidates over {horizon} steps, MuJoCo C as the plant", flush=True)
+
+    def planner(d, knots):
+        return optim.predictive_sampling(m, d, knots, task.cost, horizon=horizon, spline="cubic",
+                                         num_samples=args.samples, noise=args.noise, generator=generator,
+                                         mj_model=mj_model)
+
+    return closed_loop(task, args, mj_model, m, d, planner, torch.zeros(args.knots, m.nu, dtype=m.dtype),
+                       lambda plan: optim.shift_knots(plan.knots, horizon, "cubic"),
+                       f"predictive sampling of {args.samples} candidates over {horizon} steps")
+
+
+def closed_loop(task: tasks.Task, args: argparse.Namespace, mj_model, m, d, planner, nominal: torch.Tensor,
+                warm_start, what: str) -> bool:
+    """``diffmj.optim.mpc`` of ``planner`` (d, nominal) -> plan for ``args.duration`` seconds from d, MuJoCo C's
+    ``mj_step`` as the plant, with a progress bar; prints where it ends and since when it is up, plots the plan
+    costs and the trajectory and renders the run. Returns whether the plant stayed up (``task.error`` below
+    ``task.tolerance``) through the last second."""
+    timestep = mj_model.opt.timestep
+    steps = round(args.duration / timestep)
+    print(f"{task.name}: MPC for {steps} steps of {timestep} s, {what}, MuJoCo C as the plant", flush=True)
 
     with report.Progress(steps, "MPC") as bar:
 
-        def planner(d, knots):
-            plan = optim.predictive_sampling(m, d, knots, task.cost, horizon=horizon, spline="cubic",
-                                             num_samples=args.samples, noise=args.noise, generator=generator,
-                                             mj_model=mj_model)
+        def reporting(d, nominal):
+            plan = planner(d, nominal)
             bar.update(plan_cost=plan.cost.item())
             return plan
 
-        result = optim.mpc(m, d, planner, torch.zeros(args.knots, m.nu, dtype=m.dtype), steps, plant=mj_model,
-                           warm_start=lambda plan: optim.shift_knots(plan.knots, horizon, "cubic"))
+        result = optim.mpc(m, d, reporting, nominal, steps, plant=mj_model, warm_start=warm_start)
 
     qpos, qvel = result.trajectory.qpos.double().numpy(), result.trajectory.qvel.double().numpy()
     error = np.array([task.error(q) for q in qpos])
@@ -123,17 +138,17 @@ def mpc(task: tasks.Task, args: argparse.Namespace) -> bool:
     since = int(np.flatnonzero(error >= task.tolerance)[-1]) + 1 if (error >= task.tolerance).any() else 0
     print(f"{steps} steps in {result.wall_time:.1f}s ({1000 * result.plan_time.mean():.1f} ms per plan)")
     print(f"end: {task.describe(qpos[-1], qvel[-1])}")
-    swung_up = bool(last_second.max() < task.tolerance)
-    print(f"up (within {task.tolerance} of the goal) through the last second: {'yes' if swung_up else 'NO'}; "
+    up = bool(last_second.max() < task.tolerance)
+    print(f"up (within {task.tolerance} of the goal) through the last second: {'yes' if up else 'NO'}; "
           f"largest distance from the goal in it {last_second.max():.3f}"
           + (f"; up from t = {(since + 1) * timestep:.2f} s on" if since < steps else ""))
 
     times = np.arange(1, steps + 1) * timestep
     curves = {f"qpos[{i}]": qpos[:, i] for i in range(m.nq)}
     curves |= {f"ctrl[{i}]": result.ctrl[:, i].double().numpy() for i in range(m.nu)}
-    report.save_plot(args.out / f"{task.name}_mpc.png", f"{task.name} swing-up by MPC (MuJoCo C plant)",
+    report.save_plot(args.out / f"{task.name}_mpc.png", f"{task.name} by MPC (MuJoCo C plant)",
                      {"plan cost": result.plan_cost.double().numpy()}, "MPC step", times, curves)
     if not args.no_video:
         report.save_video(args.out / f"{task.name}_mpc.gif", mj_model, np.concatenate(([task.qpos0], qpos)),
                           camera="fixed")
-    return swung_up
+    return up

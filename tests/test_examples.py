@@ -34,7 +34,8 @@ def _python(code: str, tmp_path: pathlib.Path, gl: str = "disable") -> subproces
 
 
 def test_every_example_is_listed():
-    assert EXAMPLES == ["acrobot_mpc", "apg", "cartpole_ilqr", "cartpole_mpc", "push_box", "sysid_mass_damping"]
+    assert EXAMPLES == ["acrobot_mpc", "apg", "cartpole_ilqr", "cartpole_mpc", "hopper_mpc", "push_box",
+                        "sysid_mass_damping"]
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
