@@ -74,7 +74,6 @@ assert not out.exists()
 
 
 def test_save_curves_writes_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
     panels = [(f"panel {i}", "x", "y", {"a": (np.arange(3), np.arange(3.0) * i), "b": ([0, 2], [1, 0])})
               for i in range(3)]
     path = report.save_curves(tmp_path / "c.png", "three panels", panels)
