@@ -35,7 +35,6 @@ def main(argv: list[str] | None = None) -> bool:
     report.add_output_arguments(parser)
     args = parser.parse_args(argv)
 
-    torch.set_num_threads(1)  # small batches: threading costs more than it saves
     task = tasks.hopper()
     mj_model, m, d = tasks.load(task)
     horizon = round(args.horizon / mj_model.opt.timestep)

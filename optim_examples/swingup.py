@@ -98,7 +98,6 @@ def ilqr(task: tasks.Task, args: argparse.Namespace, push: float) -> bool:
 def mpc(task: tasks.Task, args: argparse.Namespace) -> bool:
     """Swing ``task`` up in closed loop by predictive sampling, MuJoCo C as the plant; report it (``closed_loop``).
     Returns whether the plant stayed up (``task.error`` below ``task.tolerance``) through the last second."""
-    torch.set_num_threads(1)  # small batches: threading costs more than it saves
     mj_model, m, d = tasks.load(task)
     horizon = round(args.horizon / mj_model.opt.timestep)
     generator = torch.Generator().manual_seed(args.seed)
@@ -119,6 +118,7 @@ def closed_loop(task: tasks.Task, args: argparse.Namespace, mj_model, m, d, plan
     ``mj_step`` as the plant, with a progress bar; prints where it ends and since when it is up, plots the plan
     costs and the trajectory and renders the run. Returns whether the plant stayed up (``task.error`` below
     ``task.tolerance``) through the last second."""
+    torch.set_num_threads(1)  # small batches: threading costs more than it saves
     timestep = mj_model.opt.timestep
     steps = round(args.duration / timestep)
     print(f"{task.name}: MPC for {steps} steps of {timestep} s, {what}, MuJoCo C as the plant", flush=True)

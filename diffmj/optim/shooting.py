@@ -116,8 +116,8 @@ def gradient_shooting(
     ``tolerance`` (converged), when a step leaves the plan unchanged (e.g. L-BFGS's own tolerances), when
     the cost is not finite, or when a step makes the knots non-finite: the plan is then the one before it
     (L-BFGS's strong-Wolfe search divides by zero where every knot lies past its bound, since the clamped
-    cost is flat there: on the acrobot its knots reached 1e4 for a range of 1, then NaN). checkpoint, backward_mode: as ``diffmj.rollout``. callback: called with a
-    ``ShootingInfo`` after each iteration.
+    cost is flat there: on the acrobot its knots reached 1e4 for a range of 1, then NaN). checkpoint,
+    backward_mode: as ``diffmj.rollout``. callback: called with a ``ShootingInfo`` after each iteration.
 
     A batch of initial states d [*S] (nominal [K, nu] or [*S, K, nu]) gives independent plans: every
     element has its own optimiser (the factory is called once per element, so L-BFGS's curvature pairs
