@@ -26,12 +26,16 @@ worker process that is killed after ``--timeout`` seconds:
 
    The error of a field is ``max |diffmj - C| / (1 + |C|)``, the scale-aware relative error of
    the test suite. A model **matches** when every forward and step error is within ``--tol``;
-   the rollout's error is reported beside it (``diverges`` when over ``--tol``).
+   the rollout's error is reported beside it (``diverges`` when over ``--tol``). Where MuJoCo C
+   resets an unstable simulation (``mj_checkAcc``: a qacc NaN or over 1e10), diffmj's qacc must be
+   as bad at that step.
 4. **match_ccd**: a model with general convex pairs that does not match is compared again with
    MuJoCo C's contacts of those pairs replaced by diffmj's, where each is certified to lie within
    MuJoCo C's own GJK / EPA error (``certify``: by support values, as test_collision_convex.py
    judges those pairs); it matches then, so the difference was MuJoCo C's convex collision stopping
    at ``opt.ccd_tolerance`` or ``opt.ccd_iterations``.
+5. **match_newton**: a model that asks for PGS (which diffmj solves by Newton, the same convex
+   problem) and does not match is compared again with MuJoCo C solving it by Newton.
 
 Why 1e-9 (``TOL``): the two sides evaluate the same formulas in nearly the same order, so
 they differ by rounding: the test suite measures at most 3e-13 on forward fields and 7e-12
@@ -46,6 +50,7 @@ difference to find, not rounding.
 from __future__ import annotations
 
 import argparse
+import copy
 import fnmatch
 import json
 import os
@@ -83,8 +88,8 @@ CTRL_NOISE = 0.1  # of the half range for limited controls, absolute otherwise
 
 ERROR_BANDS = (1e-12, 1e-9, 1e-6, float("inf"))  # the summary's bands of worst errors
 # what a model's record says in one word
-STATUSES = ("match", "match_ccd", "mismatch", "static", "refused", "error", "timeout", "not_compiled")
-SIMULATED = ("match", "match_ccd", "mismatch")  # the statuses of a model compared with MuJoCo C
+STATUSES = ("match", "match_ccd", "match_newton", "mismatch", "static", "refused", "error", "timeout", "not_compiled")
+SIMULATED = ("match", "match_ccd", "match_newton", "mismatch")  # the statuses of a model compared with MuJoCo C
 
 
 def is_mjcf(path: Path) -> bool:
@@ -164,19 +169,25 @@ def worst(errors: dict[str, float], into: dict[str, float]) -> None:
 
 def solver_effort(mjm: mujoco.MjModel, mjd: mujoco.MjData, into: dict[str, int]) -> None:
     """Keep in ``into`` the most contacts, solver iterations and line-search evaluations MuJoCo C used
-    (of island 0), and how often it reset an unstable simulation (``mj_checkAcc``: a qacc over 1e10).
-    A solve that ran out of ``opt.iterations`` or ``opt.ls_iterations`` ends where the algorithm's
-    path ends, not at the optimum, so only the same algorithm reproduces it; diffmj never resets."""
+    (of island 0). A solve that ran out of ``opt.iterations`` or ``opt.ls_iterations`` ends where the
+    algorithm's path ends, not at the optimum, so only the same algorithm reproduces it."""
     iterations = int(mjd.solver_niter[0])
     evals = max((mjd.solver[i].neval for i in range(min(iterations, mujoco.mjNSOLVER))), default=0)
-    resets = mjd.warning[mujoco.mjtWarning.mjWARN_BADQACC].number
-    for key, value in (("ncon", mjd.ncon), ("iterations", iterations), ("ls_evals", evals), ("resets", resets)):
+    for key, value in (("ncon", mjd.ncon), ("iterations", iterations), ("ls_evals", evals)):
         into[key] = max(into.get(key, 0), int(value))
+
+
+def bad(qacc: torch.Tensor) -> bool:
+    """Whether MuJoCo C's ``mj_checkAcc`` resets at this qacc: an entry NaN or over ``mjMAXVAL`` (1e10)."""
+    return bool((qacc.isnan() | (qacc.abs() > mujoco.mjMAXVAL)).any())
 
 
 def compare_state(mjm: mujoco.MjModel, m: diffmj.Model, mjd: mujoco.MjData, steps: int, effort: dict) -> dict:
     """The worst error of each field over ``forward``, ``step`` and ``rollout`` from ``mjd``; MuJoCo
-    C's ``solver_effort`` into ``effort``."""
+    C's ``solver_effort`` into ``effort``, with how often it reset an unstable simulation. diffmj never
+    resets: at a step MuJoCo C reset, diffmj's qacc must be ``bad`` too (``bad_qacc_at_reset``: 0, else inf)
+    instead of the step's outcome matching. MuJoCo C discards that qacc, reached by a solve that often ran
+    out of iterations; the steps before and after are compared as any other."""
     out = {"forward": {}, "step": {}, "rollout": {}}
     expected = mujoco.MjData(mjm)
     mujoco.mj_copyData(expected, mjm, mjd)
@@ -190,10 +201,16 @@ def compare_state(mjm: mujoco.MjModel, m: diffmj.Model, mjd: mujoco.MjData, step
     free = None
     for k in range(steps):
         synced = diffmj.step(m, diffmj.put_data(m, current))
+        current.warning[mujoco.mjtWarning.mjWARN_BADQACC].number = 0  # its reset clears the count
         mujoco.mj_step(mjm, current)
+        reset = current.warning[mujoco.mjtWarning.mjWARN_BADQACC].number > 0
         solver_effort(mjm, current, effort)
+        effort["resets"] = effort.get("resets", 0) + reset
         free = synced if k == 0 else diffmj.step(m, free)  # both start from mjd
-        worst({f: field_error(getattr(synced, f), getattr(current, f)) for f in STEP_FIELDS}, out["step"])
+        if reset:  # MuJoCo C reset the state, which diffmj never does: diffmj's qacc must be as bad
+            worst({"bad_qacc_at_reset": 0.0 if bad(synced.qacc) else np.inf}, out["step"])
+        else:
+            worst({f: field_error(getattr(synced, f), getattr(current, f)) for f in STEP_FIELDS}, out["step"])
         worst({f: field_error(getattr(free, f), getattr(current, f)) for f in STEP_FIELDS}, out["rollout"])
     return out
 
@@ -228,17 +245,29 @@ def examine(path: str, states: int, steps: int, tol: float) -> dict:
         matches = all(worst_of[part] <= tol for part in ("forward", "step"))  # False for NaN
         if not matches and convex_pair(mjm) is not None:
             record["exact_contacts"] = exact_contact_errors(mjm, m, states, steps)
+        if not matches and mjm.opt.solver == mujoco.mjtSolver.mjSOL_PGS:
+            record["newton"] = newton_errors(mjm, m, states, steps)
     except Exception as e:  # noqa: BLE001 - a crash while simulating is a diffmj bug to record
         return record | {"status": "error", "stage": "simulate", "error": harness.reason(e)}
     record["seconds"]["simulate"] = time.perf_counter() - start
     return record | {
         "status": "match" if matches else "match_ccd" if record.get("exact_contacts", {}).get(
-            "error", np.inf) <= tol else "mismatch",
+            "error", np.inf) <= tol else "match_newton" if record.get("newton", np.inf) <= tol else "mismatch",
         "errors": errors,
         "worst": worst_of,
         "mujoco_solver": effort,
         "diverges": not worst_of["rollout"] <= tol,
     }
+
+
+def newton_errors(mjm: mujoco.MjModel, m: diffmj.Model, states: int, steps: int) -> float:
+    """A PGS model's worst ``forward`` and ``step`` error against MuJoCo C solving it by Newton, as diffmj
+    does (``put_model`` warns): the two minimise the same convex problem, and PGS stops elsewhere within
+    its tolerance."""
+    newton = copy.copy(mjm)
+    newton.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+    errors = compare_model(newton, m, states, steps, {})
+    return max_error({part: max_error(errors[part]) for part in ("forward", "step")})
 
 
 def compare_model(mjm: mujoco.MjModel, m: diffmj.Model, states: int, steps: int, effort: dict) -> dict:
@@ -538,10 +567,12 @@ def summary_tables(records: list[dict], tol: float) -> str:
              f"and {total['not_compiled']} files that did not compile set aside); loaded by diffmj: "
              f"{sum(status(r) not in ('refused', 'timeout') for r in models)}; match MuJoCo C within {tol:g}: "
              f"{total['match']}, and {total['match_ccd']} more where MuJoCo C's convex contacts are replaced by "
-             "diffmj's, each certified within MuJoCo C's own GJK / EPA error (match_ccd).", ""]
-    lines += ["| collection | models | match | match_ccd | mismatch | refused | error | timeout | (static) "
+             "diffmj's, each certified within MuJoCo C's own GJK / EPA error (match_ccd), and "
+             f"{total['match_newton']} PGS models that match MuJoCo C solving them by Newton, as diffmj does "
+             "(match_newton).", ""]
+    lines += ["| collection | models | match | match_ccd | match_newton | mismatch | refused | error | timeout | (static) "
               "| (not compiled) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     columns = [s for s in STATUSES if s not in ("static", "not_compiled")] + ["static", "not_compiled"]
     for name, c in list(counts.items()) + [("**all**", total)]:
         lines.append(f"| {name} | {sum(c[s] for s in columns[:-2])} | " + " | ".join(str(c[s]) for s in columns) + " |")
@@ -567,7 +598,8 @@ def summary_tables(records: list[dict], tol: float) -> str:
     loaded = [r for r in models if status(r) in SIMULATED + ("error",)]
     lines += ["", f"Loaded models ({len(loaded)}): worst error over the fields of `forward` and `step`, and "
               "of the free `rollout` (a mismatch of a model with convex pairs, its worst error against MuJoCo C with "
-              "diffmj's certified convex contacts, or why they were not certified); "
+              "diffmj's certified convex contacts, or why they were not certified; of a PGS model, against MuJoCo C "
+              "solving it by Newton); "
               "MuJoCo C's most contacts, and solver iterations and line-search evaluations used of those "
               "allowed (`opt.iterations`, `opt.ls_iterations`):", "",
               "| collection | model | nq | nv | nu | status | forward | step | rollout | C: ncon, iterations, ls | s |",
@@ -583,6 +615,8 @@ def summary_tables(records: list[dict], tol: float) -> str:
         if exact:
             shown += (f" (MuJoCo C with diffmj's {exact['replaced']} certified convex contacts: "
                       f"{fmt_error(exact['error'])})" if "error" in exact else f" (not certified: {exact['refused']})")
+        if "newton" in r:
+            shown += f" (MuJoCo C by Newton: {fmt_error(r['newton'])})"
         lines.append(f"| {r['collection']} | {r['model']} | {size.get('nq', '')} | {size.get('nv', '')} | "
                      f"{size.get('nu', '')} | {shown} | {fmt_error(worst_of.get('forward'))} | "
                      f"{fmt_error(worst_of.get('step'))} | {fmt_error(worst_of.get('rollout'))} | {solver} | "

@@ -11,6 +11,7 @@ import shutil
 import mujoco
 import numpy as np
 import pytest
+import torch
 
 import diffmj
 
@@ -80,7 +81,7 @@ def test_summary_ranks_refusals_and_counts_collections(records):
     table = census.summary_tables(list(records.values()), census.TOL)
     assert "3 models with degrees of freedom compiled by MuJoCo (1 static ones and 1 files" in table
     assert "loaded by diffmj: 1; match MuJoCo C within 1e-09: 1, and 0 more where" in table
-    assert "| tiny | 3 | 1 | 0 | 0 | 2 | 0 | 0 | 1 | 1 |" in table
+    assert "| tiny | 3 | 1 | 0 | 0 | 0 | 2 | 0 | 0 | 1 | 1 |" in table
     assert "| `tendon: armature on a spatial tendon` | 1 | tiny 1 | tiny/tendon.xml |" in table
 
 
@@ -221,3 +222,37 @@ def test_certificate_bounds_the_position(egg):
         assert census.certify(mjm, mjd, contact, ours).startswith("normal")
     finally:
         mujoco.mj_forward(mjm, mjd)
+
+
+# a hinge so stiff that the census's perturbation of qpos0 gives a qacc over 1e10: MuJoCo C resets it
+UNSTABLE = """<mujoco><worldbody><body><joint name="hinge" stiffness="1e14"/><geom size=".1" pos="0 0 .5"/></body>
+  </worldbody></mujoco>"""
+
+
+def test_step_that_mujoco_resets_compares_the_bad_qacc():
+    """At a step where MuJoCo C resets the simulation (mj_checkAcc: a qacc ~1e12 here), diffmj's qacc must be
+    as bad instead of the step matching MuJoCo C's reset state; the steps after the reset start from that
+    state and match as any other. A stable diffmj model (the hinge 1e6 times softer) fails there."""
+    mjm = mujoco.MjModel.from_xml_string(UNSTABLE)
+    effort = {}
+    errors = census.compare_state(mjm, diffmj.put_model(mjm), census.initial_state(mjm, 0), 3, effort)
+    assert effort["resets"] == 1
+    assert set(errors["step"]) == {"bad_qacc_at_reset", *census.STEP_FIELDS}
+    assert census.max_error(errors["forward"]) <= census.TOL and census.max_error(errors["step"]) <= census.TOL
+    assert not errors["rollout"]["qvel"] <= census.TOL  # diffmj's own rollout goes on from the unstable state
+    softer = diffmj.put_model(mjm).replace(jnt_stiffness=torch.tensor([1e8], dtype=torch.float64))
+    errors = census.compare_state(mjm, softer, census.initial_state(mjm, 0), 3, {})
+    assert errors["step"]["bad_qacc_at_reset"] == np.inf
+
+
+# a box pressed 3 cm into a plane on four contacts, solved by PGS, which stops within its tolerance elsewhere
+# than Newton's optimum
+PGS = """<mujoco><option solver="PGS" iterations="20"/><worldbody><geom type="plane" size="1 1 .1"/>
+  <body pos="0 0 .07"><freejoint/><geom type="box" size=".1 .2 .1" mass="1"/></body></worldbody></mujoco>"""
+
+
+def test_pgs_model_matches_mujoco_solving_it_by_newton(tmp_path):
+    (tmp_path / "pgs.xml").write_text(PGS)
+    with pytest.warns(UserWarning, match="PGS solver"):
+        r = census.examine(str(tmp_path / "pgs.xml"), states=1, steps=3, tol=census.TOL)
+    assert r["status"] == "match_newton" and r["worst"]["forward"] > 1e-6 and r["newton"] <= census.TOL
