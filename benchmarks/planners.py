@@ -4,9 +4,9 @@
     python benchmarks/planners.py                  # the full run (about an hour on 2 loaded cores)
     python benchmarks/planners.py --table benchmarks/results/planners.json
 
-``--ilqr-compile`` runs iLQR compiled (``optim.ilqr(compile=True)``): each run first makes one warm-up call
-from its start (``warmup_time``: one iteration, plus the compile in the process's first call for a model),
-then the timed one.
+``--ilqr-compile`` (with ``--rollouts diffmj``) runs iLQR's forward passes compiled (``optim.ilqr(compile=True)``):
+each run first makes one warm-up call from its start (``warmup_time``: one iteration, plus the compile in the
+process's first call for a model), then the timed one.
 
 Tasks (``optim_examples/tasks.py``, one place for their models and costs): MJPC's cart-pole and acrobot
 swing-ups with MJPC's costs, and the hopper standing up from a crouch (contact). Planners (``diffmj.optim``):
@@ -19,8 +19,10 @@ swing-ups with MJPC's costs, and the hopper standing up from a crouch (contact).
     mppi                 MPPI on the same knots (a temperature per task)
     cem                  the cross-entropy method (elite fraction 0.1, minimum noise 0.01)
 
-The sampling planners roll their candidates out in MuJoCo C (``mj_model=``: ``mujoco.rollout``) by default,
-or in diffmj (``--sampling-backend diffmj``); their costs are diffmj's either way.
+The sampling planners' candidates and iLQR's forward passes (which need no derivative) run in MuJoCo C
+(``mj_model=``: ``mujoco.rollout``, ``optim.rollout_feedback_mujoco``) by default, or in diffmj
+(``--rollouts diffmj``); the costs, and iLQR-exact's Jacobians, are diffmj's either way. Gradient shooting
+differentiates diffmj's rollout.
 
 Open loop: every planner starts from the same initial state (the task's) and the same plan (a constant
 control ``push``: per-step controls for iLQR and shooting, spline knots for the sampling planners) over the
@@ -159,7 +161,8 @@ def planner_settings(name: str, setup: Setup, budget: Budget, backend: str, ilqr
     """The settings a planner runs with, as recorded in the JSON."""
     if name.startswith("ilqr"):
         return {"controls": "per step", "jacobians": "exact" if name == "ilqr_exact" else "mjd_transitionFD",
-                "line_search": "parallel", "compiled": ilqr_compile}
+                "rollouts": backend, "line_search": "parallel" if backend == "diffmj" else "sequential trials in C",
+                "compiled": ilqr_compile}
     if name == "shooting":
         return {"controls": "per step", "optimizer": f"L-BFGS(max_iter={LBFGS_STEPS}, strong_wolfe)"}
     return {"controls": f"{KNOTS} knots", "rollouts": backend} | sampling_options(name, setup, budget)
@@ -174,14 +177,15 @@ def sampling_planner(name: str, loaded: Loaded, setup: Setup, budget: Budget, ba
     return lambda d, knots: SAMPLING[name](loaded.m, d, knots, setup.task.cost, **options)
 
 
-def ilqr_planner(name: str, loaded: Loaded, setup: Setup, compile: bool,
+def ilqr_planner(name: str, loaded: Loaded, setup: Setup, backend: str, compile: bool,
                  **options: Any) -> Callable[[diffmj.Data, torch.Tensor], optim.ILQRResult]:
-    """``(d, ctrl) -> plan`` by iLQR (exact or mjd_transitionFD Jacobians by name) with the given options; compiled,
-    after a warm-up call from the same start that compiles its graphs (``warmup_time``: the process's first call
-    for a model pays the compile; later ones reuse the graphs)."""
+    """``(d, ctrl) -> plan`` by iLQR (exact or mjd_transitionFD Jacobians by name, forward passes in ``backend``)
+    with the given options; compiled, after a warm-up call from the same start that compiles its graphs
+    (``warmup_time``: the process's first call for a model pays the compile; later ones reuse the graphs)."""
     fd_model = loaded.mj_model if name == "ilqr_fd" else None
+    mj_model = loaded.mj_model if backend == "mujoco" else None
     return lambda d, ctrl, **more: optim.ilqr(loaded.m, d, ctrl, setup.task.cost, fd_model=fd_model,
-                                              compile=compile, **(options | more))
+                                              mj_model=mj_model, compile=compile, **(options | more))
 
 
 def warm_up(planner: Callable, d: diffmj.Data, ctrl: torch.Tensor) -> float:
@@ -217,7 +221,7 @@ def open_loop(name: str, setup: Setup, budget: Budget, backend: str, horizon: in
                                            iterations=budget.shooting_iterations,
                                            callback=lambda info: trace.append((info.wall_time, info.cost.item())))
         else:
-            planner = ilqr_planner(name, loaded, setup, ilqr_compile, max_iterations=budget.ilqr_iterations)
+            planner = ilqr_planner(name, loaded, setup, backend, ilqr_compile, max_iterations=budget.ilqr_iterations)
             warmup_time = warm_up(planner, d, ctrl) if ilqr_compile else None
             plan = planner(d, ctrl, callback=lambda info: trace.append((info.wall_time, info.cost)))
         trace.insert(0, (0.0, plan.cost_history[0].item()))  # the initial plan's cost, as the sampling planners'
@@ -255,7 +259,7 @@ def closed_loop(name: str, setup: Setup, budget: Budget, backend: str, seed: int
         nominal = torch.full((KNOTS, m.nu), setup.push, dtype=m.dtype)
         warm_start = lambda plan: optim.shift_knots(plan.knots, horizon, "cubic")  # noqa: E731
     elif name.startswith("ilqr"):
-        planner = ilqr_planner(name, loaded, setup, ilqr_compile, max_iterations=1)
+        planner = ilqr_planner(name, loaded, setup, backend, ilqr_compile, max_iterations=1)
         nominal, warm_start = torch.full((horizon, m.nu), setup.push, dtype=m.dtype), optim.shift_ctrl
         warmup_time = warm_up(planner, d, nominal) if ilqr_compile else None
     else:
@@ -316,8 +320,8 @@ def main() -> None:
     parser.add_argument("--mpc-planners", nargs="*", default=list(MPC_PLANNERS), choices=PLANNERS)
     parser.add_argument("--gradient-mpc-tasks", nargs="*", default=list(GRADIENT_MPC_TASKS), choices=list(setups()),
                         help="tasks on which iLQR and shooting run in MPC")
-    parser.add_argument("--sampling-backend", choices=("mujoco", "diffmj"), default="mujoco",
-                        help="where the sampling planners roll candidates out")
+    parser.add_argument("--rollouts", choices=("mujoco", "diffmj"), default="mujoco",
+                        help="where the sampling planners' candidates and iLQR's forward passes run")
     for field in Budget._fields:
         kind = float if field == "mpc_duration_scale" else int
         parser.add_argument(f"--{field.replace('_', '-')}", type=kind,
@@ -328,6 +332,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "planners.json")
     parser.add_argument("--table", type=Path, help="print the tables of an existing result and exit")
     args = parser.parse_args()
+    if args.ilqr_compile and args.rollouts == "mujoco":
+        parser.error("--ilqr-compile compiles diffmj's forward passes: give --rollouts diffmj too")
     if args.table:
         print(markdown(json.loads(args.table.read_text())))
         return
@@ -352,7 +358,7 @@ def main() -> None:
     start = time.perf_counter()
     for name, setup in chosen.items():
         for planner in args.planners:
-            r = open_loop(planner, setup, budget, args.sampling_backend, ilqr_compile=args.ilqr_compile)
+            r = open_loop(planner, setup, budget, args.rollouts, ilqr_compile=args.ilqr_compile)
             save(r, "open_loop", f"[{time.perf_counter() - start:6.0f}s] open loop {name} {planner}: "
                  f"{r['iterations']} iterations, {r['wall_time']:.1f}s, cost {r['initial_cost']:.1f} -> "
                  f"{r['final_cost']:.1f}; MuJoCo C: {r['mujoco_final_state']}")
@@ -362,7 +368,7 @@ def main() -> None:
             if gradient and name not in args.gradient_mpc_tasks:
                 continue
             for seed in range(budget.gradient_seeds if gradient else budget.seeds):
-                r = closed_loop(planner, setup, budget, args.sampling_backend, seed,
+                r = closed_loop(planner, setup, budget, args.rollouts, seed,
                                 ilqr_compile=args.ilqr_compile)
                 save(r, "closed_loop", f"[{time.perf_counter() - start:6.0f}s] MPC {name} {planner} seed {seed}: "
                      f"{'up' if r['success'] else 'NOT up'}, final error {r['final_error']:.3f}, "

@@ -10,7 +10,7 @@ import torch
 import diffmj
 from diffmj import optim
 from optim_examples import tasks
-from tests.conftest import mj_model
+from tests.conftest import BENCHMARK_MODELS, mj_model, settled_state
 
 # A point mass on two slide joints, no gravity, Euler with joint damping: one step is linear in
 # (qpos, qvel, ctrl), MuJoCo's Euler treating the damping implicitly.
@@ -266,6 +266,50 @@ def test_exact_and_finite_difference_jacobians_give_the_same_plan():
     assert exact.converged and fd.converged
     torch.testing.assert_close(fd.ctrl, exact.ctrl, rtol=0, atol=3e-5)
     assert fd.cost.item() == pytest.approx(exact.cost.item(), rel=1e-9)
+
+
+def test_mujoco_feedback_rollout_equals_diffmjs():
+    """rollout_feedback_mujoco: MuJoCo C's mj_step under iLQR's feedback law equals diffmj.rollout_feedback to
+    rounding, on the ant (dx through the free joint's quaternion, contacts, the clamp exercised, a generalised
+    force among the user inputs), for a batch of feedforward controls, and open loop (no gains) equals
+    diffmj.rollout; its states carry each step's warm start (the qacc MuJoCo C will start from)."""
+    mjm = mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / "ant.xml"))
+    m = diffmj.put_model(mjm)
+    d = diffmj.put_data(m, settled_state(mjm, 60))
+    d = d.replace(qfrc_applied=torch.linspace(-0.5, 0.5, m.nv, dtype=m.dtype))
+    horizon, gen = 6, torch.Generator().manual_seed(2)
+    reference = torch.cat((d[None], diffmj.rollout(m, d, 0.1 * torch.ones(horizon, m.nu, dtype=m.dtype))[:-1]))
+    ctrl = 0.4 * torch.rand(2, horizon, m.nu, generator=gen, dtype=m.dtype) - 0.2
+    gains = 2.0 * torch.randn(horizon, m.nu, 2 * m.nv + m.na, generator=gen, dtype=m.dtype)
+    bounds = (-0.3 * torch.ones(m.nu, dtype=m.dtype), 0.3 * torch.ones(m.nu, dtype=m.dtype))
+    on_c = optim.rollout_feedback_mujoco(mjm, m, d, ctrl, gains, reference, ctrl_range=bounds)
+    on_diffmj = diffmj.rollout_feedback(m, d, ctrl, gains, reference, ctrl_range=bounds)
+    assert on_c.batch_size == (2, horizon) and (on_c.ctrl.abs() == 0.3).any()
+    for name in ("qpos", "qvel", "ctrl", "time", "qacc_warmstart"):
+        torch.testing.assert_close(getattr(on_c, name), getattr(on_diffmj, name), rtol=0, atol=1e-9)
+    open_loop = optim.rollout_feedback_mujoco(mjm, m, d, ctrl[0], None, None)
+    torch.testing.assert_close(open_loop.qvel, diffmj.rollout(m, d, ctrl[0]).qvel, rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="both gains and reference"):
+        optim.rollout_feedback_mujoco(mjm, m, d, ctrl, gains, None)
+    with pytest.raises(ValueError, match="gains must be"):
+        optim.rollout_feedback_mujoco(mjm, m, d, ctrl, gains[1:], reference)
+
+
+@pytest.mark.parametrize("task, timestep, horizon", [("cartpole", 0.02, 60), ("hopper", None, 30)])
+def test_ilqr_forward_passes_in_mujoco_give_the_same_plan(task, timestep, horizon):
+    """ilqr(mj_model=...): the forward passes (initial rollout, the line search's trials) in MuJoCo C give the
+    plan, gains and costs of diffmj's forward passes to rounding (the same physics; the hopper through its
+    contacts), with the Jacobians diffmj's either way."""
+    spec = getattr(tasks, task)()
+    mjm, m, d = tasks.load(spec, torch.float64, timestep)
+    start = torch.full((horizon, m.nu), 0.1, dtype=m.dtype)
+    in_diffmj = optim.ilqr(m, d, start, spec.cost, max_iterations=3)
+    in_c = optim.ilqr(m, d, start, spec.cost, max_iterations=3, mj_model=mjm)
+    assert in_c.iterations == in_diffmj.iterations == 3
+    torch.testing.assert_close(in_c.ctrl, in_diffmj.ctrl, rtol=0, atol=1e-8)
+    torch.testing.assert_close(in_c.gains, in_diffmj.gains, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(in_c.cost_history, in_diffmj.cost_history, rtol=1e-10, atol=0)
+    torch.testing.assert_close(in_c.trajectory.qpos, in_diffmj.trajectory.qpos, rtol=0, atol=1e-9)
 
 
 def test_bad_input_is_refused():

@@ -22,7 +22,8 @@ from diffmj.optim import sysid
 from diffmj.optim.ilqr import BackwardPass, ILQRResult, IterationInfo, backward_pass, ilqr
 from diffmj.optim.mpc import MPCPolicy, MPCResult, mpc, shift_ctrl
 from diffmj.optim.shooting import ShootingInfo, ShootingResult, gradient_shooting
-from diffmj.optim.sampling import SamplingResult, cem, mppi, predictive_sampling, rollout_costs, rollout_mujoco
+from diffmj.optim.mujoco_c import rollout_feedback_mujoco, rollout_mujoco
+from diffmj.optim.sampling import SamplingResult, cem, mppi, predictive_sampling, rollout_costs
 from diffmj.optim.spline import SPLINES, interpolate, knot_times, shift_knots, spline_ctrl
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "mppi",
     "predictive_sampling",
     "rollout_costs",
+    "rollout_feedback_mujoco",
     "rollout_mujoco",
     "running_cost",
     "shift_ctrl",

@@ -35,6 +35,7 @@ from diffmj import BackwardMode, Data, Model, get_data_into, grad, rollout, roll
 from diffmj.rollout import CompileArg
 from diffmj.optim.cost import Cost, CostDerivatives, cost_derivatives, trajectory_cost
 from diffmj.optim.batch import over_initial_states
+from diffmj.optim.mujoco_c import rollout_feedback_mujoco
 from diffmj.optim.validate import check_start, ctrl_bounds
 
 
@@ -123,12 +124,15 @@ def backward_pass(A: Tensor, B: Tensor, derivatives, regularization: float,
 
 @torch.no_grad()
 def _forward_pass(m: Model, cost: Cost, d0: Data, ctrl: Tensor, nominal: Data | None, K: Tensor | None,
-                  lower: Tensor, upper: Tensor, mode: BackwardMode | None,
-                  compile: CompileArg) -> tuple[Data, Tensor, Tensor]:
+                  lower: Tensor, upper: Tensor, mode: BackwardMode | None, compile: CompileArg,
+                  mj_model: mujoco.MjModel | None) -> tuple[Data, Tensor, Tensor]:
     """Roll out u_t = clip(ctrl_t + K_t dx_t) from d0, dx_t the deviation from the nominal states [T+1] (open loop
-    where K is None), for ctrl [..., T, nu] (a batch of trials: one explicit batch): the states [..., T+1], the
-    controls applied [..., T, nu] and the total costs [...]."""
-    if K is None:
+    where K is None), for ctrl [..., T, nu] (a batch of trials: one explicit batch), in diffmj or, given mj_model,
+    in MuJoCo C: the states [..., T+1], the controls applied [..., T, nu] and the total costs [...]."""
+    if mj_model is not None:
+        traj = rollout_feedback_mujoco(mj_model, m, d0, ctrl, K, None if K is None else nominal[:-1],
+                                       ctrl_range=(lower, upper))
+    elif K is None:
         traj = rollout(m, d0, torch.clamp(ctrl, lower, upper), checkpoint=None, backward_mode=mode, compile=compile)
     else:
         traj = rollout_feedback(m, d0, ctrl, K, nominal[:-1], ctrl_range=(lower, upper), checkpoint=None,
@@ -139,18 +143,18 @@ def _forward_pass(m: Model, cost: Cost, d0: Data, ctrl: Tensor, nominal: Data | 
 
 
 def _trials(m: Model, cost: Cost, d0: Data, plan: Tensor, step: BackwardPass, nominal: Data, alphas: Sequence[float],
-            lower: Tensor, upper: Tensor, mode: BackwardMode | None, compile: CompileArg,
+            lower: Tensor, upper: Tensor, mode: BackwardMode | None, compile: CompileArg, mj_model: mujoco.MjModel | None,
             line_search: str) -> Iterator[tuple[float, tuple[Data, Tensor, Tensor]]]:
     """The line search's forward passes from plan along step, (alpha, (states, controls, cost)) in the order of
     alphas: each rolled out when asked for (sequential), or all at once as one batch (parallel)."""
     if line_search == "sequential":
         for alpha in alphas:
             yield alpha, _forward_pass(m, cost, d0, plan + alpha * step.k, nominal, step.K, lower, upper, mode,
-                                       compile)
+                                       compile, mj_model)
         return
     sizes = torch.tensor(alphas, dtype=plan.dtype, device=plan.device)
     states, applied, costs = _forward_pass(m, cost, d0, plan + sizes[:, None, None] * step.k, nominal, step.K,
-                                           lower, upper, mode, compile)
+                                           lower, upper, mode, compile, mj_model)
     for i, alpha in enumerate(alphas):
         yield alpha, (states[i], applied[i], costs[i])
 
@@ -184,6 +188,7 @@ def ilqr(
     min_decrease: float = 1e-4,
     fd_model: mujoco.MjModel | None = None,
     fd_eps: float = 1e-6,
+    mj_model: mujoco.MjModel | None = None,
     backward_mode: BackwardMode | None = None,
     callback: Callable[[IterationInfo], None] | None = None,
     line_search: str = "parallel",
@@ -209,6 +214,9 @@ def ilqr(
     alphas: step sizes tried in order; accepted when the decrease is at least ``min_decrease``
     times the predicted one. fd_model: linearise with MuJoCo C's ``mjd_transitionFD`` (centred,
     ``fd_eps``) on this MjModel (the one m was made from) instead of diffmj's exact Jacobians.
+    mj_model: run the forward passes in MuJoCo C on this MjModel (the one m was made from; the same
+    physics, a rounding apart: ``rollout_feedback_mujoco``, the trials one after another) instead of diffmj; the Jacobians are still diffmj's (or fd_model's). The returned
+    trajectory then holds the states and controls only (other fields are d's, as the sampling planners').
     backward_mode: how ``transition_jacobians`` differentiates the constraint solver.
     line_search: "parallel" rolls out the trials of every alpha at once (one explicit batch, as MJPC's iLQG
     does), "sequential" one after another until one is accepted; both accept the first alpha in order that
@@ -224,15 +232,17 @@ def ilqr(
     check_start(m, d, ctrl, "ctrl")
     if max_iterations < 0 or not alphas or regularization < 0 or regularization_factor <= 1:
         raise ValueError("need max_iterations >= 0, some alphas, regularization >= 0 and regularization_factor > 1")
-    if fd_model is not None and (fd_model.nv, fd_model.nq, fd_model.na, fd_model.nu) != (m.nv, m.nq, m.na, m.nu):
-        raise ValueError("fd_model's sizes (nv, nq, na, nu) differ from the model's")
+    for name, mjm in (("fd_model", fd_model), ("mj_model", mj_model)):
+        if mjm is not None and (mjm.nv, mjm.nq, mjm.na, mjm.nu) != (m.nv, m.nq, m.na, m.nu):
+            raise ValueError(f"{name}'s sizes (nv, nq, na, nu) differ from the model's")
     if line_search not in ("parallel", "sequential"):
         raise ValueError(f"line_search must be 'parallel' or 'sequential', got {line_search!r}")
 
     lower, upper = ctrl_bounds(m)
 
     d = d.detach()
-    states, plan, total = _forward_pass(m, cost, d, ctrl.detach(), None, None, lower, upper, backward_mode, compile)
+    states, plan, total = _forward_pass(m, cost, d, ctrl.detach(), None, None, lower, upper, backward_mode, compile,
+                                        mj_model)
     history = [total.item()]
     mu, delta = regularization, 1.0
     converged, stalled, derivatives, iterations = False, False, None, 0
@@ -260,7 +270,7 @@ def ilqr(
         iterations += 1
         accepted = 0.0
         for alpha, (trial_states, trial_plan, trial) in _trials(m, cost, d, plan, result, states, alphas, lower, upper,
-                                                                backward_mode, compile, line_search):
+                                                                backward_mode, compile, mj_model, line_search):
             expected = -(alpha * result.expected[0] + alpha**2 * result.expected[1])
             if torch.isfinite(trial) and history[-1] - trial.item() >= min_decrease * expected:
                 states, plan, total, accepted = trial_states, trial_plan, trial, alpha

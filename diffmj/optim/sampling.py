@@ -11,7 +11,8 @@ itself is candidate 0, unperturbed), scores it with a ``Cost`` and updates the n
 Knots are clamped to ``actuator_ctrlrange`` (ctrl-limited actuators) after perturbation, and the
 controls after interpolation (a cubic spline may overshoot its knots). No gradient is taken:
 rollouts run under ``torch.no_grad`` in diffmj (batched with vmap) or, given the MjModel, in MuJoCo
-C's ``mujoco.rollout`` (CPU threads, the same physics); the costs are diffmj's either way.
+C's ``mujoco.rollout`` (``mujoco_c.rollout_mujoco``: CPU threads, the same physics); the costs are
+diffmj's either way.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ import time
 from typing import Callable, NamedTuple
 
 import mujoco
-import mujoco.rollout
-import numpy as np
 import torch
 from torch import Tensor
 
-from diffmj import Data, Model, State, get_state, rollout, set_state
+from diffmj import Data, Model, rollout
 from diffmj.optim.cost import Cost, trajectory_cost
+from diffmj.optim.mujoco_c import rollout_mujoco
 from diffmj.optim.spline import SPLINES, spline_ctrl
 from diffmj.optim.batch import over_initial_states
 from diffmj.optim.validate import check_start, ctrl_bounds
@@ -49,41 +49,6 @@ class SamplingResult(NamedTuple):
     cost: Tensor
     cost_history: Tensor
     wall_time: float
-
-
-def rollout_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, *, threads: int = 1) -> Data:
-    """``diffmj.rollout`` (no gradient) by MuJoCo C's ``mujoco.rollout``: the Data [..., T] after each step.
-
-    mj_model: the MjModel m was made from. d: one unbatched Data; its FULLPHYSICS state, qacc_warmstart
-    and user inputs (mjSTATE_USER: qfrc_applied, xfrc_applied, mocap, eq_active) start every rollout.
-    ctrl [..., T, nu]. The returned Data holds the state (FULLPHYSICS) and ctrl of each step; its other
-    fields are copied from d (a cost with ``forward=True`` recomputes them). threads: CPU threads.
-    """
-    if (mj_model.nq, mj_model.nv, mj_model.na, mj_model.nu) != (m.nq, m.nv, m.na, m.nu):
-        raise ValueError("mj_model's sizes (nq, nv, na, nu) differ from the model's")
-    if not isinstance(d, Data) or d.batch_dims:
-        raise ValueError("d must be one unbatched diffmj.Data (the initial state)")
-    if not isinstance(ctrl, Tensor) or ctrl.dim() < 2 or ctrl.shape[-1] != m.nu:
-        shape = tuple(ctrl.shape) if isinstance(ctrl, Tensor) else type(ctrl).__name__
-        raise ValueError(f"ctrl must be a tensor [..., T, nu={m.nu}], got {shape}")
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}")
-    batch, horizon = ctrl.shape[:-2], ctrl.shape[-2]
-
-    def numpy(x: Tensor) -> np.ndarray:
-        return x.detach().to("cpu", torch.float64).numpy()
-
-    initial = numpy(get_state(m, d, State.FULLPHYSICS))
-    # every step's input vector is d's user inputs with ctrl (their first component) replaced
-    user = numpy(get_state(m, d, State.USER))
-    control = np.repeat(user[None, None], math.prod(batch), 0).repeat(horizon, 1)
-    control[..., : m.nu] = numpy(ctrl).reshape(-1, horizon, m.nu)
-    states, _ = mujoco.rollout.rollout(
-        mj_model, [mujoco.MjData(mj_model) for _ in range(threads)], initial[None], control,
-        control_spec=int(State.USER), initial_warmstart=numpy(d.qacc_warmstart)[None])
-    states = torch.as_tensor(states, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)
-    trajectory = set_state(m, d.detach().expand(*batch, horizon), states, State.FULLPHYSICS)
-    return trajectory.replace(ctrl=ctrl.detach().clone())
 
 
 @torch.no_grad()

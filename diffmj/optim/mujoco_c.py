@@ -1,0 +1,109 @@
+"""The planners' forward passes run by MuJoCo C instead of diffmj: the same physics (diffmj matches
+MuJoCo C to rounding), without gradients, at C's speed. The planners need no derivative of their
+rollouts (the sampling planners none, iLQR the per-step Jacobians only), so given the ``MjModel`` a
+diffmj ``Model`` was made from they roll out here and score the states with diffmj's costs.
+
+    rollout_mujoco            open loop, by ``mujoco.rollout`` (CPU threads)
+    rollout_feedback_mujoco   under iLQR's feedback law, by ``mj_step`` one step of every trial at a time
+"""
+
+from __future__ import annotations
+
+import math
+
+import mujoco
+import mujoco.rollout
+import numpy as np
+import torch
+from torch import Tensor
+
+from diffmj import Data, Model, State, get_state, set_state
+
+
+def _check(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor) -> None:
+    if (mj_model.nq, mj_model.nv, mj_model.na, mj_model.nu) != (m.nq, m.nv, m.na, m.nu):
+        raise ValueError("mj_model's sizes (nq, nv, na, nu) differ from the model's")
+    if not isinstance(d, Data) or d.batch_dims:
+        raise ValueError("d must be one unbatched diffmj.Data (the initial state)")
+    if not isinstance(ctrl, Tensor) or ctrl.dim() < 2 or ctrl.shape[-1] != m.nu:
+        shape = tuple(ctrl.shape) if isinstance(ctrl, Tensor) else type(ctrl).__name__
+        raise ValueError(f"ctrl must be a tensor [..., T, nu={m.nu}], got {shape}")
+
+
+def _numpy(x: Tensor) -> np.ndarray:
+    return x.detach().to("cpu", torch.float64).numpy()
+
+
+def rollout_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, *, threads: int = 1) -> Data:
+    """``diffmj.rollout`` (no gradient) by MuJoCo C's ``mujoco.rollout``: the Data [..., T] after each step.
+
+    mj_model: the MjModel m was made from. d: one unbatched Data; its FULLPHYSICS state, qacc_warmstart
+    and user inputs (mjSTATE_USER: qfrc_applied, xfrc_applied, mocap, eq_active) start every rollout.
+    ctrl [..., T, nu]. The returned Data holds the state (FULLPHYSICS) and ctrl of each step; its other
+    fields are copied from d (a cost with ``forward=True`` recomputes them). threads: CPU threads.
+    """
+    _check(mj_model, m, d, ctrl)
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    batch, horizon = ctrl.shape[:-2], ctrl.shape[-2]
+    initial = _numpy(get_state(m, d, State.FULLPHYSICS))
+    # every step's input vector is d's user inputs with ctrl (their first component) replaced
+    user = _numpy(get_state(m, d, State.USER))
+    control = np.repeat(user[None, None], math.prod(batch), 0).repeat(horizon, 1)
+    control[..., : m.nu] = _numpy(ctrl).reshape(-1, horizon, m.nu)
+    states, _ = mujoco.rollout.rollout(
+        mj_model, [mujoco.MjData(mj_model) for _ in range(threads)], initial[None], control,
+        control_spec=int(State.USER), initial_warmstart=_numpy(d.qacc_warmstart)[None])
+    states = torch.as_tensor(states, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)
+    trajectory = set_state(m, d.detach().expand(*batch, horizon), states, State.FULLPHYSICS)
+    return trajectory.replace(ctrl=ctrl.detach().clone())
+
+
+def rollout_feedback_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, gains: Tensor | None,
+                            reference: Data | None, *, ctrl_range: tuple[Tensor, Tensor] | None = None) -> Data:
+    """``diffmj.rollout_feedback`` (no gradient) by MuJoCo C: u_t = clip(ctrl_t + K_t dx_t), dx_t the tangent
+    deviation of the state before step t from reference[t] (``mj_differentiatePos`` for positions), then
+    ``mj_step``; the Data [..., T] after each step, holding the state (FULLPHYSICS and qacc_warmstart) and
+    the u_t applied in ctrl, other fields copied from d (as ``rollout_mujoco``'s).
+
+    mj_model: the MjModel m was made from. d: one unbatched Data (its state, warm start and user inputs
+    start every trial). ctrl [..., T, nu]: a batch of feedforward controls (iLQR's step sizes); gains
+    [T, nu, 2 nv + na] and reference (Data [T]) shared by the batch, or both None: open loop (u_t =
+    clip(ctrl_t), the warm start recorded too, unlike ``rollout_mujoco``). ctrl_range: (lower, upper), each
+    [nu]; None: no clamp. The trials step one after another in Python, so this suits small batches.
+    """
+    _check(mj_model, m, d, ctrl)
+    horizon = ctrl.shape[-2]
+    ns = 2 * m.nv + m.na
+    if (gains is None) != (reference is None):
+        raise ValueError("give both gains and reference (feedback) or neither (open loop)")
+    if gains is not None and gains.shape != (horizon, m.nu, ns):
+        raise ValueError(f"gains must be [T={horizon}, nu={m.nu}, 2nv+na={ns}], got {tuple(gains.shape)}")
+    if reference is not None and (not isinstance(reference, Data) or reference.batch_size != (horizon,)):
+        raise ValueError(f"reference must be a Data of batch [T={horizon}]")
+    batch = ctrl.shape[:-2]
+    feedforward = _numpy(ctrl).reshape(-1, horizon, m.nu)
+    K = None if gains is None else _numpy(gains)
+    if reference is not None:
+        ref_qpos, ref_qvel, ref_act = (_numpy(x) for x in (reference.qpos, reference.qvel, reference.act))
+    lower, upper = (np.full(m.nu, -np.inf), np.full(m.nu, np.inf)) if ctrl_range is None else map(_numpy, ctrl_range)
+
+    start = _numpy(get_state(m, d, State.INTEGRATION))
+    recorded = State.FULLPHYSICS | State.WARMSTART
+    states = np.empty((len(feedforward), horizon, mujoco.mj_stateSize(mj_model, int(recorded))))
+    applied = np.empty((len(feedforward), horizon, m.nu))
+    dx = np.empty(ns)
+    for i, u in enumerate(feedforward):
+        data = mujoco.MjData(mj_model)
+        mujoco.mj_setState(mj_model, data, start, int(State.INTEGRATION))
+        for t in range(horizon):
+            if K is not None:
+                mujoco.mj_differentiatePos(mj_model, dx[:m.nv], 1.0, ref_qpos[t], data.qpos)
+                dx[m.nv:2 * m.nv] = data.qvel - ref_qvel[t]
+                dx[2 * m.nv:] = data.act - ref_act[t]
+            data.ctrl[:] = applied[i, t] = np.clip(u[t] if K is None else u[t] + K[t] @ dx, lower, upper)
+            mujoco.mj_step(mj_model, data)
+            mujoco.mj_getState(mj_model, data, states[i, t], int(recorded))
+    states = torch.as_tensor(states, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)
+    trajectory = set_state(m, d.detach().expand(*batch, horizon), states, recorded)
+    return trajectory.replace(ctrl=torch.as_tensor(applied, device=m.device).to(m.dtype).reshape(*batch, horizon, m.nu))
