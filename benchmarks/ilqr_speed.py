@@ -1,4 +1,5 @@
-"""iLQR's seconds per iteration: eager with the sequential line search, eager with the parallel one, compiled.
+"""iLQR's seconds per iteration: eager with the sequential line search, eager with the parallel one, compiled,
+and with the forward passes in MuJoCo C (exact Jacobians, then mjd_transitionFD's).
 
     python benchmarks/ilqr_speed.py                       # cart-pole (120 steps) and hopper (60 steps), 3 iterations
     python benchmarks/ilqr_speed.py --tasks hopper --iterations 5
@@ -8,8 +9,9 @@ Each mode runs ``optim.ilqr`` for ``--iterations`` iterations; an iteration's ti
 between consecutive callbacks (linearisation, backward pass and line search), the first iteration's
 including nothing else (the initial rollout comes before it and is reported on its own). The compiled mode
 runs twice in the process: the first call's extra time over the second is the compile (``compile_s``); the
-second call is the one timed. Every mode's plan is compared with the eager sequential one (their line searches
-accept the same alphas, so the plans agree to roundoff).
+second call is the one timed. Every mode's plan is compared with the first mode's (the eager sequential one):
+on the same Jacobians their line searches accept the same alphas, so the plans agree to roundoff;
+mjd_transitionFD's Jacobians differ from the exact ones by their truncation error.
 
 Writes ``benchmarks/results/ilqr_speed.json`` (after every run) and prints a markdown table
 (``--table PATH``: the table of an existing result).
@@ -35,23 +37,27 @@ sys.path.insert(0, str(BENCH.parent))
 from planners import load, setups, steps  # noqa: E402
 from step_throughput import machine_info  # noqa: E402
 
-MODES = {"eager sequential": ("sequential", False), "eager parallel": ("parallel", False),
-         "compiled parallel": ("parallel", True)}
+# mode -> (line search, compiled, forward passes in MuJoCo C, mjd_transitionFD Jacobians)
+MODES = {"eager sequential": ("sequential", False, False, False), "eager parallel": ("parallel", False, False, False),
+         "compiled parallel": ("parallel", True, False, False),
+         "MuJoCo C rollouts": ("sequential", False, True, False),
+         "MuJoCo C rollouts, mjd_transitionFD": ("sequential", False, True, True)}
 
 
 def run(task: str, mode: str, iterations: int) -> tuple[dict, torch.Tensor]:
     """One iLQR run of the mode on the task: its record and its plan."""
     setup = setups()[task]
-    _, m, d = load(setup)
+    mj_model, m, d = load(setup)
     horizon = steps(setup.duration, setup.timestep)
     ctrl = torch.full((horizon, m.nu), setup.push, dtype=m.dtype)
-    line_search, compiled = MODES[mode]
+    line_search, compiled, in_c, fd = MODES[mode]
 
     def plan() -> tuple[optim.ILQRResult, list[float], float]:
         marks: list[float] = []
         start = time.perf_counter()
         result = optim.ilqr(m, d, ctrl, setup.task.cost, max_iterations=iterations, line_search=line_search,
-                            compile=compiled, callback=lambda info: marks.append(time.perf_counter() - start))
+                            compile=compiled, mj_model=mj_model if in_c else None, fd_model=mj_model if fd else None,
+                            callback=lambda info: marks.append(time.perf_counter() - start))
         return result, marks, time.perf_counter() - start
 
     compile_s = None
@@ -83,7 +89,8 @@ def markdown(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["cartpole", "hopper"], choices=list(setups()))
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=[m for m in MODES if m != "compiled parallel"], choices=list(MODES),
+                        help="(the compiled mode compiles for minutes: name it to run it)")
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "ilqr_speed.json")

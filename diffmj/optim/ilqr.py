@@ -146,8 +146,9 @@ def _trials(m: Model, cost: Cost, d0: Data, plan: Tensor, step: BackwardPass, no
             lower: Tensor, upper: Tensor, mode: BackwardMode | None, compile: CompileArg, mj_model: mujoco.MjModel | None,
             line_search: str) -> Iterator[tuple[float, tuple[Data, Tensor, Tensor]]]:
     """The line search's forward passes from plan along step, (alpha, (states, controls, cost)) in the order of
-    alphas: each rolled out when asked for (sequential), or all at once as one batch (parallel)."""
-    if line_search == "sequential":
+    alphas: each rolled out when asked for (sequential, and always in MuJoCo C, where a batch gains nothing), or
+    all at once as one batch (parallel)."""
+    if line_search == "sequential" or mj_model is not None:
         for alpha in alphas:
             yield alpha, _forward_pass(m, cost, d0, plan + alpha * step.k, nominal, step.K, lower, upper, mode,
                                        compile, mj_model)
@@ -215,7 +216,8 @@ def ilqr(
     times the predicted one. fd_model: linearise with MuJoCo C's ``mjd_transitionFD`` (centred,
     ``fd_eps``) on this MjModel (the one m was made from) instead of diffmj's exact Jacobians.
     mj_model: run the forward passes in MuJoCo C on this MjModel (the one m was made from; the same
-    physics, a rounding apart: ``rollout_feedback_mujoco``, the trials one after another) instead of diffmj; the Jacobians are still diffmj's (or fd_model's). The returned
+    physics, a rounding apart: ``rollout_feedback_mujoco``; the line search's trials one at a time until one
+    is accepted, as "sequential") instead of diffmj; the Jacobians are still diffmj's (or fd_model's). The returned
     trajectory then holds the states and controls only (other fields are d's, as the sampling planners').
     backward_mode: how ``transition_jacobians`` differentiates the constraint solver.
     line_search: "parallel" rolls out the trials of every alpha at once (one explicit batch, as MJPC's iLQG
