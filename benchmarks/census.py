@@ -27,8 +27,8 @@ worker process that is killed after ``--timeout`` seconds:
    The error of a field is ``max |diffmj - C| / (1 + |C|)``, the scale-aware relative error of
    the test suite. A model **matches** when every forward and step error is within ``--tol``;
    the rollout's error is reported beside it (``diverges`` when over ``--tol``). Where MuJoCo C
-   resets an unstable simulation (``mj_checkAcc``: a qacc NaN or over 1e10), diffmj's qacc must be
-   as bad at that step.
+   resets an unstable simulation (``mj_checkPos`` / ``Vel`` / ``Acc``: a value NaN or over 1e10), the
+   state it stepped from or diffmj's qacc must be as bad at that step.
 4. **match_ccd**: a model with general convex pairs that does not match is compared again with
    MuJoCo C's contacts of those pairs replaced by diffmj's, where each is certified to lie within
    MuJoCo C's own GJK / EPA error (``certify``: by support values, as test_collision_convex.py
@@ -177,17 +177,23 @@ def solver_effort(mjm: mujoco.MjModel, mjd: mujoco.MjData, into: dict[str, int])
         into[key] = max(into.get(key, 0), int(value))
 
 
-def bad(qacc: torch.Tensor) -> bool:
-    """Whether MuJoCo C's ``mj_checkAcc`` resets at this qacc: an entry NaN or over ``mjMAXVAL`` (1e10)."""
-    return bool((qacc.isnan() | (qacc.abs() > mujoco.mjMAXVAL)).any())
+# what makes mj_step reset the simulation to qpos0 (mj_checkPos, mj_checkVel, mj_checkAcc)
+RESETS = (mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL, mujoco.mjtWarning.mjWARN_BADQACC)
+
+
+def bad(x: torch.Tensor | np.ndarray) -> bool:
+    """Whether MuJoCo C's checks reset at these values: an entry NaN or beyond ``mjMAXVAL`` (1e10)."""
+    x = torch.as_tensor(x)
+    return bool((x.isnan() | (x.abs() > mujoco.mjMAXVAL)).any())
 
 
 def compare_state(mjm: mujoco.MjModel, m: diffmj.Model, mjd: mujoco.MjData, steps: int, effort: dict) -> dict:
     """The worst error of each field over ``forward``, ``step`` and ``rollout`` from ``mjd``; MuJoCo
     C's ``solver_effort`` into ``effort``, with how often it reset an unstable simulation. diffmj never
-    resets: at a step MuJoCo C reset, diffmj's qacc must be ``bad`` too (``bad_qacc_at_reset``: 0, else inf)
-    instead of the step's outcome matching. MuJoCo C discards that qacc, reached by a solve that often ran
-    out of iterations; the steps before and after are compared as any other."""
+    resets: at a step MuJoCo C reset, the qpos or qvel it stepped from (the same on both sides) or diffmj's
+    qacc must be ``bad`` (``bad_at_reset``: 0, else inf) instead of the step's outcome matching. MuJoCo C
+    discards that qacc, reached by a solve that often ran out of iterations; the steps before and after are
+    compared as any other."""
     out = {"forward": {}, "step": {}, "rollout": {}}
     expected = mujoco.MjData(mjm)
     mujoco.mj_copyData(expected, mjm, mjd)
@@ -201,14 +207,16 @@ def compare_state(mjm: mujoco.MjModel, m: diffmj.Model, mjd: mujoco.MjData, step
     free = None
     for k in range(steps):
         synced = diffmj.step(m, diffmj.put_data(m, current))
-        current.warning[mujoco.mjtWarning.mjWARN_BADQACC].number = 0  # its reset clears the count
+        qpos, qvel = current.qpos.copy(), current.qvel.copy()
+        for warning in RESETS:
+            current.warning[warning].number = 0  # a reset clears the counts, then counts itself
         mujoco.mj_step(mjm, current)
-        reset = current.warning[mujoco.mjtWarning.mjWARN_BADQACC].number > 0
+        reset = any(current.warning[warning].number for warning in RESETS)
         solver_effort(mjm, current, effort)
         effort["resets"] = effort.get("resets", 0) + reset
         free = synced if k == 0 else diffmj.step(m, free)  # both start from mjd
-        if reset:  # MuJoCo C reset the state, which diffmj never does: diffmj's qacc must be as bad
-            worst({"bad_qacc_at_reset": 0.0 if bad(synced.qacc) else np.inf}, out["step"])
+        if reset:  # MuJoCo C reset the state, which diffmj never does: what it found bad must be bad for diffmj
+            worst({"bad_at_reset": 0.0 if bad(qpos) or bad(qvel) or bad(synced.qacc) else np.inf}, out["step"])
         else:
             worst({f: field_error(getattr(synced, f), getattr(current, f)) for f in STEP_FIELDS}, out["step"])
         worst({f: field_error(getattr(free, f), getattr(current, f)) for f in STEP_FIELDS}, out["rollout"])

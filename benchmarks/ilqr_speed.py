@@ -77,7 +77,7 @@ def run(task: str, mode: str, iterations: int) -> tuple[dict, torch.Tensor]:
 
 def markdown(result: dict) -> str:
     """The table of a result."""
-    lines = ["| task | mode | horizon | s per iteration | compile s | plan difference from eager sequential |",
+    lines = ["| task | mode | horizon | s per iteration | compile s | plan difference from the first mode |",
              "|---|---|---:|---:|---:|---:|"]
     for r in result["runs"]:
         compile_s = "-" if r["compile_s"] is None else f"{r['compile_s']:.0f}"

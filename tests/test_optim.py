@@ -310,6 +310,10 @@ def test_ilqr_forward_passes_in_mujoco_give_the_same_plan(task, timestep, horizo
     torch.testing.assert_close(in_c.gains, in_diffmj.gains, rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(in_c.cost_history, in_diffmj.cost_history, rtol=1e-10, atol=0)
     torch.testing.assert_close(in_c.trajectory.qpos, in_diffmj.trajectory.qpos, rtol=0, atol=1e-9)
+    # the C run's Data hold the states only (other fields are d's): it did not roll out in diffmj
+    assert (in_c.trajectory.qacc == d.qacc).all() and not (in_diffmj.trajectory.qacc == d.qacc).all()
+    with pytest.raises(ValueError, match="compile"):
+        optim.ilqr(m, d, start, spec.cost, mj_model=mjm, compile=True)
 
 
 def test_bad_input_is_refused():
@@ -404,3 +408,20 @@ def test_compiled_ilqr_equals_eager():
     torch.testing.assert_close(compiled.ctrl, eager.ctrl, rtol=0, atol=1e-10)
     torch.testing.assert_close(compiled.gains, eager.gains, rtol=0, atol=1e-10)
     torch.testing.assert_close(compiled.cost_history, eager.cost_history, rtol=1e-10, atol=0)
+
+
+# the census's hinge: a stiffness that turns a 1 cm deflection into a qacc over 1e10, which MuJoCo C resets
+UNSTABLE = """<mujoco><worldbody><body><joint name="hinge" stiffness="1e14"/><geom size=".1" pos="0 0 .5"/></body>
+  </worldbody><actuator><motor joint="hinge"/></actuator></mujoco>"""
+
+
+def test_mujoco_rollouts_keep_a_blown_up_state():
+    """mj_step puts a state that went bad back at qpos0 and goes on, which would score a blown-up rollout as a
+    harmless one; the planners' MuJoCo C rollouts keep it bad, as diffmj's rollout does."""
+    mjm = mujoco.MjModel.from_xml_string(UNSTABLE)
+    m = diffmj.put_model(mjm)
+    d = diffmj.make_data(m).replace(qpos=torch.tensor([0.01], dtype=m.dtype))
+    ctrl = torch.zeros(2, 5, m.nu, dtype=m.dtype)
+    for trajectory in (diffmj.rollout(m, d, ctrl), optim.rollout_mujoco(mjm, m, d, ctrl),
+                       optim.rollout_feedback_mujoco(mjm, m, d, ctrl, None, None)):
+        assert not (trajectory.qvel[:, -1].abs() < 1e10).any()

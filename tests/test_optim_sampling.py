@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import mujoco
 import pytest
 import torch
@@ -295,3 +297,20 @@ def test_a_batch_of_initial_states_equals_a_loop(planner):
     # the first element draws the same in both; the second draws anew from the shared generator
     torch.testing.assert_close(shared.knots[0], seeded.knots[0], rtol=0, atol=0)
     assert (shared.knots[1] - seeded.knots[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("planner", SAMPLERS, ids=lambda f: f.__name__)
+def test_candidates_whose_cost_is_nan_are_never_chosen(planner):
+    """A candidate whose rollout blew up costs NaN (here: a residual that is NaN where a control exceeds 0.4, about
+    a third of the candidates). torch's argmin and softmax take NaN as the best; the planners take it as the worst,
+    so the plan's cost stays finite."""
+    mjm, m, d, cost, _, _ = _reach()
+    blow_up = optim.Term(lambda m, d: torch.where(d.ctrl > 0.4, torch.nan, 0.0), 1.0)
+    cost = dataclasses.replace(cost, running=cost.running + (blow_up,))
+    knots = torch.zeros(4, m.nu, dtype=m.dtype)
+    plan = planner(m, d, knots, cost, num_samples=16, noise=0.3, iterations=3, horizon=20, spline="cubic",
+                   generator=5, mj_model=mjm)
+    costs = optim.rollout_costs(m, d, optim.spline_ctrl(knots + 0.3 * torch.randn(
+        16, 4, m.nu, generator=torch.Generator().manual_seed(5), dtype=m.dtype), 20, "cubic"), cost)[0]
+    assert costs.isnan().sum() >= 3  # NaN candidates are exercised
+    assert torch.isfinite(plan.cost) and torch.isfinite(plan.cost_history).all()

@@ -226,7 +226,7 @@ def ilqr(
     compile: run each forward pass's step (feedback law, clamp and step; all alphas at once in parallel) as
     a compiled graph (True, or a dict of ``torch.compile``'s keyword arguments, as ``diffmj.rollout``'s); the
     loop over time stays in Python, so compile time does not grow with T, and later calls with the same model
-    and shapes reuse the graph. ``wall_time`` includes the first call's compile. The Jacobians stay eager (one
+    and shapes reuse the graph (not with mj_model). ``wall_time`` includes the first call's compile. The Jacobians stay eager (one
     vmapped call over the steps): compiled step by step they were slower on the cart-pole (1.3 s against 0.33 s
     for 120 steps: ~10 ms overhead per call) and did not finish compiling through the hopper's contacts in an hour.
     """
@@ -234,9 +234,10 @@ def ilqr(
     check_start(m, d, ctrl, "ctrl")
     if max_iterations < 0 or not alphas or regularization < 0 or regularization_factor <= 1:
         raise ValueError("need max_iterations >= 0, some alphas, regularization >= 0 and regularization_factor > 1")
-    for name, mjm in (("fd_model", fd_model), ("mj_model", mj_model)):
-        if mjm is not None and (mjm.nv, mjm.nq, mjm.na, mjm.nu) != (m.nv, m.nq, m.na, m.nu):
-            raise ValueError(f"{name}'s sizes (nv, nq, na, nu) differ from the model's")
+    if fd_model is not None and (fd_model.nv, fd_model.nq, fd_model.na, fd_model.nu) != (m.nv, m.nq, m.na, m.nu):
+        raise ValueError("fd_model's sizes (nv, nq, na, nu) differ from the model's")
+    if mj_model is not None and compile:
+        raise ValueError("compile compiles diffmj's forward passes: mj_model runs them in MuJoCo C; give one of them")
     if line_search not in ("parallel", "sequential"):
         raise ValueError(f"line_search must be 'parallel' or 'sequential', got {line_search!r}")
 

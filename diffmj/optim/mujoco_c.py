@@ -4,11 +4,17 @@ rollouts (the sampling planners none, iLQR the per-step Jacobians only), so give
 diffmj ``Model`` was made from they roll out here and score the states with diffmj's costs.
 
     rollout_mujoco            open loop, by ``mujoco.rollout`` (CPU threads)
-    rollout_feedback_mujoco   under iLQR's feedback law, by ``mj_step`` one step of every trial at a time
+    rollout_feedback_mujoco   under iLQR's feedback law, by ``mj_step``, one trial after another
+
+Both step a copy of the model with MuJoCo's automatic reset disabled (``mjDSBL_AUTORESET``): where a state
+goes bad (NaN or beyond 1e10), mj_step would otherwise put the simulation back at qpos0 and go on, and a
+blown-up rollout would be scored as a harmless one. diffmj never resets either: the rollout's cost is
+huge or NaN on both.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import mujoco
@@ -28,6 +34,12 @@ def _check(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor) -> None:
     if not isinstance(ctrl, Tensor) or ctrl.dim() < 2 or ctrl.shape[-1] != m.nu:
         shape = tuple(ctrl.shape) if isinstance(ctrl, Tensor) else type(ctrl).__name__
         raise ValueError(f"ctrl must be a tensor [..., T, nu={m.nu}], got {shape}")
+
+
+def _without_autoreset(mj_model: mujoco.MjModel) -> mujoco.MjModel:
+    model = copy.copy(mj_model)
+    model.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_AUTORESET
+    return model
 
 
 def _numpy(x: Tensor) -> np.ndarray:
@@ -52,7 +64,7 @@ def rollout_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, *,
     control = np.repeat(user[None, None], math.prod(batch), 0).repeat(horizon, 1)
     control[..., : m.nu] = _numpy(ctrl).reshape(-1, horizon, m.nu)
     states, _ = mujoco.rollout.rollout(
-        mj_model, [mujoco.MjData(mj_model) for _ in range(threads)], initial[None], control,
+        _without_autoreset(mj_model), [mujoco.MjData(mj_model) for _ in range(threads)], initial[None], control,
         control_spec=int(State.USER), initial_warmstart=_numpy(d.qacc_warmstart)[None])
     states = torch.as_tensor(states, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)
     trajectory = set_state(m, d.detach().expand(*batch, horizon), states, State.FULLPHYSICS)
@@ -88,6 +100,7 @@ def rollout_feedback_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: T
         ref_qpos, ref_qvel, ref_act = (_numpy(x) for x in (reference.qpos, reference.qvel, reference.act))
     lower, upper = (np.full(m.nu, -np.inf), np.full(m.nu, np.inf)) if ctrl_range is None else map(_numpy, ctrl_range)
 
+    model = _without_autoreset(mj_model)
     start = _numpy(get_state(m, d, State.INTEGRATION))
     recorded = State.FULLPHYSICS | State.WARMSTART
     states = np.empty((len(feedforward), horizon, mujoco.mj_stateSize(mj_model, int(recorded))))
@@ -102,7 +115,7 @@ def rollout_feedback_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: T
                 dx[m.nv:2 * m.nv] = data.qvel - ref_qvel[t]
                 dx[2 * m.nv:] = data.act - ref_act[t]
             data.ctrl[:] = applied[i, t] = np.clip(u[t] if K is None else u[t] + K[t] @ dx, lower, upper)
-            mujoco.mj_step(mj_model, data)
+            mujoco.mj_step(model, data)
             mujoco.mj_getState(mj_model, data, states[i, t], int(recorded))
     states = torch.as_tensor(states, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)
     trajectory = set_state(m, d.detach().expand(*batch, horizon), states, recorded)

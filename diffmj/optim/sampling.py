@@ -100,7 +100,8 @@ def _plan(m: Model, d: Data, nominal: Tensor, cost: Cost, update: _Update, num_s
     def evaluate(knots: Tensor) -> tuple[Tensor, Tensor, Data]:
         ctrl = torch.minimum(torch.maximum(spline_ctrl(knots, horizon, spline), lower), upper)
         costs, trajectory = rollout_costs(m, d, ctrl, cost, mj_model=mj_model, threads=threads)
-        return costs, ctrl, trajectory
+        # a rollout that blew up costs NaN: the worst, not (as argmin and softmax take NaN) the best
+        return costs.nan_to_num(nan=torch.inf), ctrl, trajectory
 
     d = d.detach()
     knots = torch.minimum(torch.maximum(nominal.detach(), lower), upper)
