@@ -6,8 +6,8 @@ vmapped batch alike. Formulas follow MuJoCo's ``engine_util_spatial.c``
 term by term so that float64 results agree to rounding; the products and
 rotations (``quat_mul``, ``rot_vec_quat``, ``quat_to_mat``, ``cross``) sum their
 terms in MuJoCo 4's order and equal its ``mju_`` functions to the bit
-(tests/test_math.py). Those are written as one tensor of all products and a
-few indexed sums (``_signed_sums``), not one op per product: the stages call
+(tests/test_math.py). Those are written as one tensor of the products they
+use and a few sums (``_signed_sums``), not one op per product: the stages call
 them hundreds of times, and each op is a node torch.compile traces and compiles.
 
 Singular points (zero-length vectors, zero rotation angles) use forms whose
@@ -60,41 +60,41 @@ def quat_normalize(q: Tensor) -> Tensor:
     return torch.where(keep, q.detach() + (unit - unit.detach()), unit)
 
 
-def _products(a: Tensor, b: Tensor) -> Tensor:
-    """Every product a_i * b_j, flattened: [..., n * m] for a [..., n], b [..., m] (index i * m + j)."""
-    return (a[..., :, None] * b[..., None, :]).flatten(-2)
-
-
 class _Sums(NamedTuple):
-    """A table of signed sums of products, as constant tuples (made once, at import).
+    """A table of signed sums of products a_i * b_j, as constant tuples (made once, at import).
 
     torch.compile traces every Python operation of a function it compiles: building these tuples
     at each call would cost as much tracing as the tensor ops themselves.
     """
 
-    index: Literal  # [rows, terms] index into the products of each term of each output
+    left: Literal  # [rows, terms] i of each term a_i * b_j of each output
+    right: Literal  # [rows, terms] j of each term
     sign: Literal  # [rows, terms] +1.0 or -1.0 of each term
     pairwise: bool
 
 
-def _sums(terms: tuple[tuple[int, ...], ...], pairwise: bool = False) -> _Sums:
-    """Table of out[r] = sum over t in terms[r] of products[t - 1] (t > 0) or -products[-t - 1] (t < 0)."""
-    index = tuple(tuple(abs(t) - 1 for t in row) for row in terms)
+def _sums(terms: tuple[tuple[int, ...], ...], width: int, pairwise: bool = False) -> _Sums:
+    """Table of out[r] = sum over t in terms[r] of p[t - 1] (t > 0) or -p[-t - 1] (t < 0), p[i * width + j] =
+    a_i * b_j being the products of a [..., n] and b [..., width] flattened row-major."""
+    left = tuple(tuple((abs(t) - 1) // width for t in row) for row in terms)
+    right = tuple(tuple((abs(t) - 1) % width for t in row) for row in terms)
     sign = tuple(tuple(1.0 if t > 0 else -1.0 for t in row) for row in terms)
-    return _Sums(Literal.of(index), Literal.of(sign), pairwise)
+    return _Sums(Literal.of(left), Literal.of(right), Literal.of(sign), pairwise)
 
 
-def _signed_sums(products: Tensor, sums: _Sums) -> Tensor:
-    """out[..., r] = signed sum of the products that ``sums`` names for r. [..., rows of sums]
+def _signed_sums(a: Tensor, b: Tensor, sums: _Sums) -> Tensor:
+    """out[..., r] = signed sum of the products a_i * b_j that ``sums`` names for r. [..., rows of sums]
 
     Summed left to right, or for four terms ``pairwise`` as (t0 + t1) + (t2 + t3), as MuJoCo 4's
     C code sums them (a - b is exactly a + (-b)), so the values are the C expression's to the bit,
     in a handful of tensor ops: a graph that torch.compile traces and compiles far faster than
-    one op per product.
+    one op per product. Only the products used are formed (gathered factors), which also keeps the
+    backward pass's buffers the size of a and b, not of every product.
     """
-    index = sums.index.tensor(device=products.device)
-    sign = sums.sign.tensor(products.dtype, products.device)
-    terms = (products[..., index] * sign).unbind(-1)  # one op for the views of every term
+    left = sums.left.tensor(device=a.device)
+    right = sums.right.tensor(device=b.device)
+    sign = sums.sign.tensor(a.dtype, a.device)
+    terms = (a[..., left] * b[..., right] * sign).unbind(-1)  # one op for the views of every term
     if sums.pairwise:
         return (terms[0] + terms[1]) + (terms[2] + terms[3])
     out = terms[0]
@@ -104,13 +104,13 @@ def _signed_sums(products: Tensor, sums: _Sums) -> Tensor:
 
 
 # Hamilton product, (a0*b0 - a1*b1) + (-a2*b2 - a3*b3), ... (mju_mulQuat's sums): 1 + index of a_i * b_j
-# in _products(a, b)
-_QUAT_MUL = _sums(((1, -6, -11, -16), (2, 5, 12, -15), (3, -8, 9, 14), (4, 7, -10, 13)), pairwise=True)
+# of the products a_i * b_j (_sums)
+_QUAT_MUL = _sums(((1, -6, -11, -16), (2, 5, 12, -15), (3, -8, 9, 14), (4, 7, -10, 13)), 4, pairwise=True)
 
 
 def quat_mul(a: Tensor, b: Tensor) -> Tensor:
     """Hamilton product a * b. [..., 4]"""
-    return _signed_sums(_products(a, b), _QUAT_MUL)
+    return _signed_sums(a, b, _QUAT_MUL)
 
 
 def quat_conj(q: Tensor) -> Tensor:
@@ -119,26 +119,25 @@ def quat_conj(q: Tensor) -> Tensor:
 
 
 # mju_rotVecQuat: t = q0 * v + q_xyz x v, then v + 2 q_xyz x t, each sum in MuJoCo's order
-_ROT_T = _sums(((1, 9, -11), (2, 10, -6), (3, 5, -7)))  # q0*v0 + q2*v2 - q3*v1, ... in _products(q, v)
-_ROT_OUT = _sums(((9, -11), (10, -6), (5, -7)))  # q2*t2 - q3*t1, q3*t0 - q1*t2, q1*t1 - q2*t0 in _products(q, t)
+_ROT_T = _sums(((1, 9, -11), (2, 10, -6), (3, 5, -7)), 3)  # q0*v0 + q2*v2 - q3*v1, ... of q_i * v_j
+_ROT_OUT = _sums(((9, -11), (10, -6), (5, -7)), 3)  # q2*t2 - q3*t1, q3*t0 - q1*t2, q1*t1 - q2*t0 of q_i * t_j
 
 
 def rot_vec_quat(v: Tensor, q: Tensor) -> Tensor:
     """Rotate vector v [..., 3] by unit quaternion q [..., 4] (mju_rotVecQuat)."""
-    t = _signed_sums(_products(q, v), _ROT_T)
-    return v + 2 * _signed_sums(_products(q, t), _ROT_OUT)
+    t = _signed_sums(q, v, _ROT_T)
+    return v + 2 * _signed_sums(q, t, _ROT_OUT)
 
 
-# mju_quat2Mat: diagonal (q00 - q22) + (q11 - q33), ...; off-diagonal 2 (q12 - q03), ... in _products(q, q)
-_MAT_DIAGONAL = _sums(((1, -11, 6, -16), (1, 11, -6, -16), (1, -11, -6, 16)), pairwise=True)
-_MAT_OFF_DIAGONAL = _sums(((7, -4), (8, 3), (7, 4), (12, -2), (8, -3), (12, 2)))  # 01, 02, 10, 12, 20, 21
+# mju_quat2Mat: diagonal (q00 - q22) + (q11 - q33), ...; off-diagonal 2 (q12 - q03), ... of q_i * q_j
+_MAT_DIAGONAL = _sums(((1, -11, 6, -16), (1, 11, -6, -16), (1, -11, -6, 16)), 4, pairwise=True)
+_MAT_OFF_DIAGONAL = _sums(((7, -4), (8, 3), (7, 4), (12, -2), (8, -3), (12, 2)), 4)  # 01, 02, 10, 12, 20, 21
 _MAT_LAYOUT = Literal.of((0, 3, 4, 5, 1, 6, 7, 8, 2))  # [diagonal, off-diagonal] -> row-major 3x3
 
 
 def quat_to_mat(q: Tensor) -> Tensor:
     """Rotation matrix [..., 3, 3] of unit quaternion q [..., 4] (mju_quat2Mat)."""
-    products = _products(q, q)
-    entries = torch.cat((_signed_sums(products, _MAT_DIAGONAL), 2 * _signed_sums(products, _MAT_OFF_DIAGONAL)), -1)
+    entries = torch.cat((_signed_sums(q, q, _MAT_DIAGONAL), 2 * _signed_sums(q, q, _MAT_OFF_DIAGONAL)), -1)
     return entries[..., _MAT_LAYOUT.tensor(device=q.device)].unflatten(-1, (3, 3))
 
 
@@ -198,12 +197,12 @@ def mat_t_vec(mat: Tensor, v: Tensor) -> Tensor:
     return dot(mat.transpose(-1, -2), v[..., None, :])
 
 
-_CROSS = _sums(((6, -8), (7, -3), (2, -4)))  # a1*b2 - a2*b1, a2*b0 - a0*b2, a0*b1 - a1*b0 in _products(a, b)
+_CROSS = _sums(((6, -8), (7, -3), (2, -4)), 3)  # a1*b2 - a2*b1, a2*b0 - a0*b2, a0*b1 - a1*b0 of a_i * b_j
 
 
 def cross(a: Tensor, b: Tensor) -> Tensor:
     """3D cross product [..., 3] (torch.linalg.cross broadcasts less freely)."""
-    return _signed_sums(_products(a, b), _CROSS)
+    return _signed_sums(a, b, _CROSS)
 
 
 def cross_motion(vel: Tensor, v: Tensor) -> Tensor:
@@ -245,15 +244,14 @@ def inert_com(inertia: Tensor, mat: Tensor, offset: Tensor, mass: Tensor) -> Ten
     )
 
 
-# mju_mulInertVec: i0*v0 + i3*v1 + i4*v2 - i8*v4 + i7*v5, ... as 1 + index of i_a * v_b in _products(i, v)
-_INERT_ANGULAR = _sums(((1, 20, 27, -53, 48), (19, 8, 33, 52, -42), (25, 32, 15, -46, 41)))
-_INERT_LINEAR = _sums(((50, -45, 58), (39, -49, 59), (43, -38, 60)))  # i8*v1 - i7*v2 + i9*v3, ...
+# mju_mulInertVec: i0*v0 + i3*v1 + i4*v2 - i8*v4 + i7*v5, ... as 1 + index of i_a * v_b (_sums, width 6)
+_INERT_ANGULAR = _sums(((1, 20, 27, -53, 48), (19, 8, 33, 52, -42), (25, 32, 15, -46, 41)), 6)
+_INERT_LINEAR = _sums(((50, -45, 58), (39, -49, 59), (43, -38, 60)), 6)  # i8*v1 - i7*v2 + i9*v3, ...
 
 
 def inert_mul(i: Tensor, v: Tensor) -> Tensor:
     """Multiply a motion vector v [..., 6] by the spatial inertia i [..., 10] (mju_mulInertVec)."""
-    products = _products(i, v)
-    return torch.cat((_signed_sums(products, _INERT_ANGULAR), _signed_sums(products, _INERT_LINEAR)), -1)
+    return torch.cat((_signed_sums(i, v, _INERT_ANGULAR), _signed_sums(i, v, _INERT_LINEAR)), -1)
 
 
 def transform_motion(vec: Tensor, new_pos: Tensor, old_pos: Tensor) -> Tensor:
