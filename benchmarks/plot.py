@@ -133,8 +133,8 @@ def plot_sysid(plt, result: dict):
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.0 * ncols, 4.5 * nrows), squeeze=False)
     for ax in axes.flat[len(problems):]:
         ax.set_visible(False)
-    markers = dict(zip(("mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit", "diffmj_fit_compiled",
-                        "minimize_exact"), "osD^v"))
+    markers = dict(zip(("mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit", "diffmj_fit_mujoco",
+                        "diffmj_fit_compiled", "minimize_exact"), "osDP^v"))
     for ax, (name, problem) in zip(axes.flat, problems.items()):
         for method, r in problem["methods"].items():
             if "error" in r:

@@ -321,8 +321,8 @@ class MujocoSysid:
 
 
 def diffmj_problem(problem: Problem, rec: Recording, kept: np.ndarray
-                   ) -> tuple[diffmj.Model, list[sysid.Parameter], sysid.Recording]:
-    """diffmj's model (the XML compiled at the initial guess), parameters and the chunks as one batched
+                   ) -> tuple[mujoco.MjModel, diffmj.Model, list[sysid.Parameter], sysid.Recording]:
+    """The XML compiled at the initial guess, diffmj's model of it, parameters and the chunks as one batched
     recording, weighted as mujoco.sysid's residual: the samples it keeps (kept [B, T]), each signal of
     each chunk divided by their norm / sqrt 2 (``normalize_residual``)."""
     _, mjm = compile_spec(problem, {p.label: p.initial for p in problem.params})
@@ -336,7 +336,7 @@ def diffmj_problem(problem: Problem, rec: Recording, kept: np.ndarray
     weights = mask * math.sqrt(2) / np.linalg.norm(rec.sensordata * mask, axis=1, keepdims=True)  # [B, T, ns]
     data = sysid.Recording(d0, torch.tensor(rec.ctrl), sensordata=torch.tensor(rec.sensordata),
                            weights={"sensordata": torch.tensor(weights)})
-    return m, params, data
+    return mjm, m, params, data
 
 
 def labels(problem: Problem, params: list[sysid.Parameter]) -> dict[str, str]:
@@ -345,8 +345,9 @@ def labels(problem: Problem, params: list[sysid.Parameter]) -> dict[str, str]:
 
 
 def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Parameter], data: sysid.Recording,
-                   max_iters: int, compiled: bool = False) -> dict:
-    """``sysid.fit``, eager (a residual per trial point, a Jacobian per accepted one) or compiled (residual and
+                   max_iters: int, compiled: bool = False, mj_model: mujoco.MjModel | None = None) -> dict:
+    """``sysid.fit``, eager (a residual per trial point, a Jacobian per accepted one; with ``mj_model`` the residual's
+    rollouts in MuJoCo C) or compiled (residual and
     Jacobian together per trial point, each step one Inductor graph). Compiled, it fits twice: the first fit's
     wall time includes compiling (into this run's fresh TORCHINDUCTOR_CACHE_DIR), the second's is what a fit
     costs once the graphs exist (``wall_cached_s``); torch runs on one thread there, as Inductor's OpenMP
@@ -355,7 +356,7 @@ def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Paramet
     if compiled:
         torch.set_num_threads(1)
     try:
-        result = sysid.fit(m, params, data, max_iterations=max_iters, compile=compiled)
+        result = sysid.fit(m, params, data, max_iterations=max_iters, compile=compiled, mj_model=mj_model)
         cached = sysid.fit(m, params, data, max_iterations=max_iters, compile=compiled) if compiled else None
     finally:
         torch.set_num_threads(threads)
@@ -398,6 +399,7 @@ METHODS = {
     "mujoco_sysid": "mujoco.sysid (FD Jacobian, mujoco.minimize)",
     "mujoco_sysid_no_resample": "mujoco.sysid, resample_true=False",
     "diffmj_fit": "diffmj sysid.fit (exact Jacobian, LM)",
+    "diffmj_fit_mujoco": "diffmj sysid.fit, rollouts in MuJoCo C (mj_model=)",
     "diffmj_fit_compiled": "diffmj sysid.fit(compile=True)",
     "minimize_exact": "mujoco.minimize + diffmj's exact Jacobian",
 }
@@ -411,7 +413,7 @@ def run_problem(problem: Problem, methods: list[str], max_iters: int, max_chunks
     batch, horizon = rec.ctrl.shape[:2]
     print(f"{problem.name}: {rec.steps} steps recorded, {batch} chunks of {horizon}", flush=True)
     theirs = MujocoSysid.build(problem, rec, resample=True)
-    m, params, data = diffmj_problem(problem, rec, theirs.kept(rec))
+    mjm, m, params, data = diffmj_problem(problem, rec, theirs.kept(rec))
     out = {"source": problem.source, "notes": problem.notes, "recorded_steps": rec.steps, "chunks": batch,
            "chunk_steps": horizon, "true": {p.label: p.true for p in problem.params},
            "initial": {p.label: p.initial for p in problem.params},
@@ -430,6 +432,7 @@ def run_problem(problem: Problem, methods: list[str], max_iters: int, max_chunks
         "mujoco_sysid": lambda: theirs.optimize(problem, max_iters),
         "mujoco_sysid_no_resample": lambda: MujocoSysid.build(problem, rec, resample=False).optimize(problem, max_iters),
         "diffmj_fit": lambda: run_diffmj_fit(problem, m, params, data, max_iters),
+        "diffmj_fit_mujoco": lambda: run_diffmj_fit(problem, m, params, data, max_iters, mj_model=mjm),
         "diffmj_fit_compiled": lambda: run_diffmj_fit(problem, m, params, data, max_iters, compiled=True),
         "minimize_exact": lambda: run_minimize_exact(problem, m, params, data, max_iters),
     }
@@ -470,7 +473,7 @@ def main() -> None:
     parser.add_argument("--max-iters", type=int, default=100, help="iterations allowed to every method")
     parser.add_argument("--max-chunks", type=int, help="fit only the first chunks of each recording (a quick look)")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS),
-                        default=["mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit"],
+                        default=["mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit", "diffmj_fit_mujoco"],
                         help="diffmj_fit_compiled compiles for minutes per problem")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "sysid.json")
     parser.add_argument("--table", type=Path, help="print the table of an existing result and exit")

@@ -295,6 +295,29 @@ def test_mujoco_feedback_rollout_equals_diffmjs():
         optim.rollout_feedback_mujoco(mjm, m, d, ctrl, gains[1:], reference)
 
 
+def test_mujoco_rollouts_record_sensordata_and_take_a_start_per_trial():
+    """Both C rollouts return each step's sensordata (read before the step, as diffmj.rollout's), and
+    rollout_feedback_mujoco takes one start per trial (a batched d as ctrl's leading dims)."""
+    mjm = mujoco.MjModel.from_xml_string(ARM.replace(
+        "</actuator>", "</actuator><sensor><jointpos joint='shoulder'/><jointvel joint='elbow'/><actuatorfrc "
+        "actuator='elbow_motor'/></sensor>").replace('<motor joint="elbow"', '<motor name="elbow_motor" joint="elbow"'))
+    m = diffmj.put_model(mjm)
+    starts = diffmj.make_data(m, batch_shape=(3,)).replace(qpos=torch.tensor([[0.3, 0.2], [-0.5, 1.0], [1.0, 0.0]],
+                                                                             dtype=m.dtype))
+    ctrl = 0.5 * torch.randn(3, 10, m.nu, generator=torch.Generator().manual_seed(4), dtype=m.dtype)
+    expected = diffmj.rollout(m, starts, ctrl)
+    per_trial = optim.rollout_feedback_mujoco(mjm, m, starts, ctrl, None, None)
+    from_one = optim.rollout_mujoco(mjm, m, starts[1], ctrl)
+    for name in ("qpos", "qvel", "sensordata"):
+        torch.testing.assert_close(getattr(per_trial, name), getattr(expected, name), rtol=0, atol=1e-12)
+        torch.testing.assert_close(getattr(from_one, name), getattr(diffmj.rollout(m, starts[1], ctrl), name),
+                                   rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="or a batch"):
+        optim.rollout_feedback_mujoco(mjm, m, starts[:2], ctrl, None, None)
+    with pytest.raises(ValueError, match="unbatched"):
+        optim.rollout_mujoco(mjm, m, starts, ctrl)
+
+
 @pytest.mark.parametrize("task, timestep, horizon", [("cartpole", 0.02, 60), ("hopper", None, 30)])
 def test_ilqr_forward_passes_in_mujoco_give_the_same_plan(task, timestep, horizon):
     """ilqr(mj_model=...): the forward passes (initial rollout, the line search's trials) in MuJoCo C give the

@@ -422,3 +422,48 @@ def test_stepwise_jacobian_through_the_constraint_solver(integrator, cone, warms
               sysid.Parameter("jnt_solref", "hinge", index=0, initial=0.03)]
     data = sysid.Recording(d0, ctrl, sensordata=traj.sensordata)
     _assert_joint_equals_separate(m, params, data, sysid.initial_vector(m, params))
+
+
+def _limited_pendulum_problem():
+    """LIMITED_PENDULUM (implicitfast, pyramidal) pushed into its limit, recorded at armature 0.02 and solref 0.02:
+    the MjModel, its diffmj Model, parameters whose change moves the constraint rows' regularisation (armature
+    through dof_invweight0, which mj_setConst recomputes) and the recording."""
+    mjm = mujoco.MjModel.from_xml_string(LIMITED_PENDULUM.format(integrator="implicitfast", cone="pyramidal",
+                                                                 warmstart="enable"))
+    m = diffmj.put_model(mjm)
+    d0 = diffmj.make_data(m, batch_shape=(2,)).replace(qpos=torch.tensor([[0.31], [0.2]], dtype=m.dtype),
+                                                       qvel=torch.tensor([[3.0], [0.0]], dtype=m.dtype))
+    ctrl = torch.full((2, 8, 1), 2.0, dtype=m.dtype)
+    params = [sysid.Parameter("dof_armature", "hinge", initial=0.05, lower=0.0, upper=1.0),
+              sysid.Parameter("jnt_solref", "hinge", index=0, initial=0.03, lower=0.005, upper=0.1)]
+    truth = sysid.apply(m, params, torch.tensor([0.02, 0.02], dtype=m.dtype))
+    return mjm, m, params, sysid.Recording(d0, ctrl, sensordata=diffmj.rollout(truth, d0, ctrl).sensordata)
+
+
+def _spring_problem():
+    mjm = mujoco.MjModel.from_xml_string(SPRING.format(**TRUE))
+    m = diffmj.put_model(mjm)
+    return mjm, m, SPRING_PARAMS, _spring_recording(m)
+
+
+@pytest.mark.parametrize("problem", [_spring_problem, _limited_pendulum_problem])
+def test_fit_with_rollouts_in_mujoco_equals_diffmjs(problem):
+    """fit(mj_model=): the residual's rollouts in MuJoCo C, the parameters written into a copy of the MjModel
+    (mj_setConst after a mass, gear or armature), equal diffmj's rollouts at a point away from the model's
+    values, constraint forces included; the fit takes the same steps to the same parameters."""
+    mjm, m, params, data = problem()
+    x = sysid.initial_vector(m, params) * 1.1
+    ours = sysid._trajectory(m, params, data, x)
+    theirs = sysid._trajectory_mujoco(mjm, m, params, data, x)
+    assert set(theirs) == set(ours)
+    for name in ours:
+        torch.testing.assert_close(theirs[name], ours[name], rtol=0, atol=1e-11, msg=name)
+    eager = sysid.fit(m, params, data)
+    on_c = sysid.fit(m, params, data, mj_model=mjm)
+    assert eager.converged and on_c.iterations == eager.iterations
+    torch.testing.assert_close(on_c.x, eager.x, rtol=0, atol=1e-9)
+    torch.testing.assert_close(on_c.cost_history, eager.cost_history, rtol=1e-6, atol=1e-20)
+    with pytest.raises(ValueError, match="compile=False"):
+        sysid.fit(m, params, data, mj_model=mjm, compile=True)
+    with pytest.raises(ValueError, match="sizes"):
+        sysid.fit(m, params, data, mj_model=mujoco.MjModel.from_xml_string(PENDULUM.format(armature=0.1)))

@@ -26,14 +26,21 @@ from torch import Tensor
 from diffmj import Data, Model, State, get_state, set_state
 
 
-def _check(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor) -> None:
-    if (mj_model.nq, mj_model.nv, mj_model.na, mj_model.nu) != (m.nq, m.nv, m.na, m.nu):
-        raise ValueError("mj_model's sizes (nq, nv, na, nu) differ from the model's")
-    if not isinstance(d, Data) or d.batch_dims:
-        raise ValueError("d must be one unbatched diffmj.Data (the initial state)")
+def check_sizes(mj_model: mujoco.MjModel, m: Model) -> None:
+    """ValueError unless mj_model has m's sizes (a quick test that m was made from it)."""
+    if (mj_model.nq, mj_model.nv, mj_model.na, mj_model.nu, mj_model.nsensordata) != (
+            m.nq, m.nv, m.na, m.nu, m.nsensordata):
+        raise ValueError("mj_model's sizes (nq, nv, na, nu, nsensordata) differ from the model's")
+
+
+def _check(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, batched_start: bool = False) -> None:
+    check_sizes(mj_model, m)
     if not isinstance(ctrl, Tensor) or ctrl.dim() < 2 or ctrl.shape[-1] != m.nu:
         shape = tuple(ctrl.shape) if isinstance(ctrl, Tensor) else type(ctrl).__name__
         raise ValueError(f"ctrl must be a tensor [..., T, nu={m.nu}], got {shape}")
+    if not isinstance(d, Data) or (d.batch_dims and not (batched_start and d.batch_size == ctrl.shape[:-2])):
+        batch = f" or a batch [{', '.join(map(str, ctrl.shape[:-2]))}] as ctrl's" if batched_start else ""
+        raise ValueError(f"d must be one unbatched diffmj.Data (the initial state){batch}")
 
 
 def _without_autoreset(mj_model: mujoco.MjModel) -> mujoco.MjModel:
@@ -51,8 +58,8 @@ def rollout_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, *,
 
     mj_model: the MjModel m was made from. d: one unbatched Data; its FULLPHYSICS state, qacc_warmstart
     and user inputs (mjSTATE_USER: qfrc_applied, xfrc_applied, mocap, eq_active) start every rollout.
-    ctrl [..., T, nu]. The returned Data holds the state (FULLPHYSICS) and ctrl of each step; its other
-    fields are copied from d (a cost with ``forward=True`` recomputes them). threads: CPU threads.
+    ctrl [..., T, nu]. The returned Data holds the state (FULLPHYSICS), ctrl and sensordata of each step;
+    its other fields are copied from d (a cost with ``forward=True`` recomputes them). threads: CPU threads.
     """
     _check(mj_model, m, d, ctrl)
     if threads < 1:
@@ -63,12 +70,12 @@ def rollout_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, *,
     user = _numpy(get_state(m, d, State.USER))
     control = np.repeat(user[None, None], math.prod(batch), 0).repeat(horizon, 1)
     control[..., : m.nu] = _numpy(ctrl).reshape(-1, horizon, m.nu)
-    states, _ = mujoco.rollout.rollout(
+    states, sensordata = mujoco.rollout.rollout(
         _without_autoreset(mj_model), [mujoco.MjData(mj_model) for _ in range(threads)], initial[None], control,
         control_spec=int(State.USER), initial_warmstart=_numpy(d.qacc_warmstart)[None])
-    states = torch.as_tensor(states, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)
-    trajectory = set_state(m, d.detach().expand(*batch, horizon), states, State.FULLPHYSICS)
-    return trajectory.replace(ctrl=ctrl.detach().clone())
+    as_tensor = lambda x: torch.as_tensor(x, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)  # noqa: E731
+    trajectory = set_state(m, d.detach().expand(*batch, horizon), as_tensor(states), State.FULLPHYSICS)
+    return trajectory.replace(ctrl=ctrl.detach().clone(), sensordata=as_tensor(sensordata))
 
 
 def rollout_feedback_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, gains: Tensor | None,
@@ -76,15 +83,16 @@ def rollout_feedback_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: T
     """``diffmj.rollout_feedback`` (no gradient) by MuJoCo C: u_t = clip(ctrl_t + K_t dx_t), dx_t the tangent
     deviation of the state before step t from reference[t] (``mj_differentiatePos`` for positions), then
     ``mj_step``; the Data [..., T] after each step, holding the state (FULLPHYSICS and qacc_warmstart) and
-    the u_t applied in ctrl, other fields copied from d (as ``rollout_mujoco``'s).
+    the u_t applied in ctrl and the step's sensordata, other fields copied from d (as ``rollout_mujoco``'s).
 
     mj_model: the MjModel m was made from. d: one unbatched Data (its state, warm start and user inputs
-    start every trial). ctrl [..., T, nu]: a batch of feedforward controls (iLQR's step sizes); gains
+    start every trial), or a batch of them [...] as ctrl's (one start per trial: ``diffmj.optim.sysid``'s
+    recorded sequences). ctrl [..., T, nu]: a batch of feedforward controls (iLQR's step sizes); gains
     [T, nu, 2 nv + na] and reference (Data [T]) shared by the batch, or both None: open loop (u_t =
     clip(ctrl_t), the warm start recorded too, unlike ``rollout_mujoco``). ctrl_range: (lower, upper), each
     [nu]; None: no clamp. The trials step one after another in Python, so this suits small batches.
     """
-    _check(mj_model, m, d, ctrl)
+    _check(mj_model, m, d, ctrl, batched_start=True)
     horizon = ctrl.shape[-2]
     ns = 2 * m.nv + m.na
     if (gains is None) != (reference is None):
@@ -101,14 +109,15 @@ def rollout_feedback_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: T
     lower, upper = (np.full(m.nu, -np.inf), np.full(m.nu, np.inf)) if ctrl_range is None else map(_numpy, ctrl_range)
 
     model = _without_autoreset(mj_model)
-    start = _numpy(get_state(m, d, State.INTEGRATION))
+    starts = _numpy(get_state(m, d, State.INTEGRATION)).reshape(-1, mujoco.mj_stateSize(mj_model, int(State.INTEGRATION)))
     recorded = State.FULLPHYSICS | State.WARMSTART
     states = np.empty((len(feedforward), horizon, mujoco.mj_stateSize(mj_model, int(recorded))))
     applied = np.empty((len(feedforward), horizon, m.nu))
+    sensordata = np.empty((len(feedforward), horizon, m.nsensordata))
     dx = np.empty(ns)
     for i, u in enumerate(feedforward):
         data = mujoco.MjData(mj_model)
-        mujoco.mj_setState(mj_model, data, start, int(State.INTEGRATION))
+        mujoco.mj_setState(mj_model, data, starts[0 if len(starts) == 1 else i], int(State.INTEGRATION))
         for t in range(horizon):
             if K is not None:
                 mujoco.mj_differentiatePos(mj_model, dx[:m.nv], 1.0, ref_qpos[t], data.qpos)
@@ -117,6 +126,8 @@ def rollout_feedback_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: T
             data.ctrl[:] = applied[i, t] = np.clip(u[t] if K is None else u[t] + K[t] @ dx, lower, upper)
             mujoco.mj_step(model, data)
             mujoco.mj_getState(mj_model, data, states[i, t], int(recorded))
-    states = torch.as_tensor(states, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)
-    trajectory = set_state(m, d.detach().expand(*batch, horizon), states, recorded)
-    return trajectory.replace(ctrl=torch.as_tensor(applied, device=m.device).to(m.dtype).reshape(*batch, horizon, m.nu))
+            sensordata[i, t] = data.sensordata
+    as_tensor = lambda x: torch.as_tensor(x, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)  # noqa: E731
+    start = (d.detach().unsqueeze(-1) if d.batch_dims else d.detach()).expand(*batch, horizon)
+    trajectory = set_state(m, start, as_tensor(states), recorded)
+    return trajectory.replace(ctrl=as_tensor(applied), sensordata=as_tensor(sensordata))

@@ -26,11 +26,13 @@ reads the state before step t + 1, qpos[t] / qvel[t] the state after it).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 import warnings
 from typing import Callable, NamedTuple, Sequence
 
+import mujoco
 import numpy as np
 import scipy.stats
 import torch
@@ -40,7 +42,9 @@ from torch import Tensor
 from diffmj import Data, Model, differentiate_pos, get_param, integrate_pos, rollout, set_param, step
 from diffmj.grad.solution import from_solution, reuses_solution
 from diffmj.grad.transition import transition
+from diffmj.optim.mujoco_c import check_sizes, rollout_feedback_mujoco
 from diffmj.rollout import CompileArg, compile_options
+from diffmj.setconst import SET_CONST_INPUTS
 from diffmj.types import STATE_FIELDS
 from diffmj.workarounds import elementwise
 
@@ -428,6 +432,38 @@ def _trajectory(m: Model, params: Sequence[Parameter], data: Recording, x: Tenso
         return rollout(apply(m, params, x), d0, ctrl, checkpoint=None, observe=kept)
 
 
+def mujoco_model(mj_model: mujoco.MjModel, m: Model, params: Sequence[Parameter], x: Tensor) -> mujoco.MjModel:
+    """A copy of mj_model (the MjModel m was made from) with the parameters set from x [n], as ``apply`` sets
+    them on m: each parameter's field written whole, then ``mj_setConst`` where one of them feeds MuJoCo's
+    derived constants (``SET_CONST_INPUTS``). ValueError for a field the MjModel holds in another shape."""
+    check_sizes(mj_model, m)
+    model = copy.copy(mj_model)
+    applied = apply(m, params, x)
+    for p in params:
+        owner, attr = (model.opt, p.name[4:]) if p.name.startswith("opt.") else (model, p.name)
+        value = get_param(applied, p.name).detach().to("cpu", torch.float64).numpy()
+        current = np.asarray(getattr(owner, attr))
+        if current.shape != value.shape:
+            raise ValueError(f"{p.name}: mj_model holds it as {current.shape}, the model as {value.shape}")
+        if current.ndim == 0:
+            setattr(owner, attr, float(value))
+        else:
+            current[...] = value
+    if any(p.name in SET_CONST_INPUTS for p in params):
+        mujoco.mj_setConst(model, mujoco.MjData(model))
+    return model
+
+
+def _trajectory_mujoco(mj_model: mujoco.MjModel, m: Model, params: Sequence[Parameter], data: Recording,
+                       x: Tensor) -> dict[str, Tensor]:
+    """``_trajectory`` rolled out by MuJoCo C (``mujoco_model`` at x, ``mj_step`` step by step): the same
+    fields, qacc being the warm start each step leaves."""
+    _, d0, ctrl = _flat_inputs(data)
+    traj = rollout_feedback_mujoco(mujoco_model(mj_model, m, params, x), m, d0, ctrl, None, None)
+    kept = tuple(dict.fromkeys((*STATE_FIELDS, *_measured(data))))
+    return {"qacc": traj.qacc_warmstart, **{f: getattr(traj, f) for f in kept}}
+
+
 def _predicted(data: Recording, traj: dict[str, Tensor]) -> dict[str, Tensor]:
     """The measured signals of ``_trajectory``'s output, name -> [*batch, T, k] (as ``rollout`` gives them)."""
     return {s: traj[s].reshape(*_batch_shape(data), data.ctrl.shape[-2], -1) for s in _measured(data)}
@@ -601,6 +637,7 @@ def fit(
     alpha: float = 0.05,
     rank_tol: float = 1e-12,
     callback: Callable[[int, float, Tensor], None] | None = None,
+    mj_model: mujoco.MjModel | None = None,
 ) -> SysIdResult:
     """Fit ``params`` to ``data`` by Levenberg-Marquardt on exact Jacobians, with box bounds.
 
@@ -618,18 +655,27 @@ def fit(
     ``torch.compile``'s keyword arguments) evaluates both at every trial point by
     ``residual_and_jacobian_function`` with compiled steps (forward mode, ``mode`` "auto" or "forward";
     ``wall_time`` includes the compile, paid by the process's first fit of a model and batch shape).
+    mj_model: the MjModel m was made from: the residual's rollouts run in MuJoCo C (``mujoco_model`` at each
+    trial point, ``mj_step``), the Jacobians stay diffmj's exact ones along them (``mode`` "auto" / "steps",
+    not compiled). The same physics, a rounding apart, without eager PyTorch's per-step cost.
     See ``SysIdResult`` for the output and the confidence intervals' formula.
     """
     start = time.perf_counter()
     layout = _layout(m, params)
     x = initial_vector(m, params)
     lower, upper = bounds(m, params)
+    if mj_model is not None:
+        if compile is not False or mode not in ("auto", "steps"):
+            raise ValueError("mj_model= rolls the residual out in MuJoCo C under per-step Jacobians: use it with "
+                             "compile=False and mode 'auto' or 'steps'")
+        mujoco_model(mj_model, m, params, x)  # a field MuJoCo holds in another shape fails here, not mid-fit
 
     if compile is False and mode in ("auto", "steps"):
         _check_recording(m, data)
 
         def evaluate(x: Tensor) -> tuple[Tensor, float, dict[str, Tensor]]:
-            traj = _trajectory(m, params, data, x)
+            traj = (_trajectory(m, params, data, x) if mj_model is None
+                    else _trajectory_mujoco(mj_model, m, params, data, x))
             r = _weighted_difference(m, data, _predicted(data, traj))
             return r, 0.5 * float(r @ r), traj
 
