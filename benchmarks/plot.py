@@ -125,7 +125,7 @@ def plot_planners(plt, result: dict):
 def plot_sysid(plt, result: dict):
     """Each method's largest relative parameter error against its wall time, one panel per problem
     (log-log; compiled fits at their wall time including the compile): the figure."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     problems = result["problems"]
     ncols = min(2, len(problems))
@@ -144,6 +144,7 @@ def plot_sysid(plt, result: dict):
                     linestyle="none", markersize=8, label=method)
         ax.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="largest relative parameter error",
                title=f"{name} ({len(problem['true'])} parameters, {problem['chunks']} chunks)")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # labels within a decade too
         ax.xaxis.set_major_formatter(FuncFormatter(lambda t, _: f"{t:g}"))  # seconds, not powers of ten
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
