@@ -59,7 +59,7 @@ def _lqr(A, B, Q, R, Q_end, x0, horizon):
     return np.array(gains), np.array(ctrl)
 
 
-def test_first_ilqr_iteration_on_a_linear_system_is_lqr():
+def test_first_ilqr_iteration_on_a_linear_system_is_lqr(monkeypatch):
     m = diffmj.put_model(mujoco.MjModel.from_xml_string(POINT_MASS.format(mass=MASS)))
     A, B = _point_mass_linearisation()
     # the system really is that linear map (else the comparison below would not mean LQR)
@@ -75,7 +75,15 @@ def test_first_ilqr_iteration_on_a_linear_system_is_lqr():
     x0 = np.array([0.5, -0.3, 0.2, 0.4])
     d = diffmj.make_data(m).replace(qpos=torch.tensor(x0[:2]), qvel=torch.tensor(x0[2:]))
     horizon = 20
-    result = optim.ilqr(m, d, torch.zeros(horizon, 2, dtype=m.dtype), cost, max_iterations=1, regularization=0.0)
+    result = optim.ilqr(m, d, torch.zeros(horizon, 2, dtype=m.dtype), cost, max_iterations=2, regularization=0.0)
+    # one iteration (MPC's setting) linearises once: the plan it returns is not linearised again
+    linearisations = []
+    jacobians = diffmj.grad.transition_jacobians
+    monkeypatch.setattr(diffmj.grad, "transition_jacobians", lambda *a, **k: linearisations.append(1) or jacobians(*a, **k))
+    once = optim.ilqr(m, d, torch.zeros(horizon, 2, dtype=m.dtype), cost, max_iterations=1, regularization=0.0)
+    assert len(linearisations) == 1 and once.iterations == 1 and not once.converged
+    torch.testing.assert_close(once.ctrl, result.ctrl, rtol=0, atol=0)
+    torch.testing.assert_close(once.gains, result.gains, rtol=0, atol=1e-12)  # a linear system's gains: the same
 
     Q = np.diag([weights["q"]] * 2 + [weights["v"]] * 2)
     Q_end = np.diag([weights["q_end"]] * 2 + [weights["v_end"]] * 2)

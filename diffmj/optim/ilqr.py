@@ -44,8 +44,10 @@ class ILQRResult(NamedTuple):
     ``diffmj.optim.batch`` describes).
 
     ctrl [T, nu]: the plan. trajectory: Data [T], the Data after each step (as ``diffmj.rollout``).
-    gains [T, nu, ns]: feedback K_t at the returned plan, u = ctrl_t + K_t dx_t with dx_t the tangent
-    deviation of the state before step t from the plan's. cost: [] the plan's total cost.
+    gains [T, nu, ns]: feedback K_t for the returned plan, u = ctrl_t + K_t dx_t with dx_t the tangent
+    deviation of the state before step t from the plan's: the last backward pass's (at the plan when it
+    converged; after ``max_iterations`` the gains its last forward pass was rolled out with, as MJPC's iLQG
+    keeps them). cost: [] the plan's total cost.
     cost_history [iterations + 1]: the total cost before the first and after each iteration.
     iterations: forward passes run. converged: stopped by the tolerance (not by max_iterations or
     by the regularisation growing past its maximum). regularization: the final mu. wall_time: seconds.
@@ -201,8 +203,9 @@ def ilqr(
     (a loop, ``diffmj.optim.batch``; the callback sees each element's iterations in turn) from ctrl
     [T, nu] or [*S, T, nu], and every field of the result gains S. Stops (converged) when the predicted
     decrease of a full step or the decrease of an accepted one is below ``tolerance * (1 + |cost|)``
-    (the gains are then those of the final plan), otherwise after ``max_iterations`` forward passes, or when
-    the regularisation exceeds ``regularization_max``.
+    (the gains are then those of the final plan), otherwise after ``max_iterations`` forward passes (the
+    plan is not linearised again after the last one: ``max_iterations=1``, MPC's setting, costs one
+    linearisation), or when the regularisation exceeds ``regularization_max``.
 
     regularization*: mu starts at ``regularization`` (1, MJPC's start; from 0 the hopper's stand-up took
     steps of 1/32 to 1/256 for 15 iterations and ended at cost 756 against 219 from 1, the cart-pole's
@@ -248,8 +251,13 @@ def ilqr(
                                         mj_model)
     history = [total.item()]
     mu, delta = regularization, 1.0
-    converged, stalled, derivatives, iterations = False, False, None, 0
+    converged, stalled, derivatives, iterations, result = False, False, None, 0, None
     while True:
+        if derivatives is None and iterations == max_iterations and result is not None:
+            # no forward pass left: keep the last backward pass's gains, which the plan was rolled out with (as
+            # MJPC's iLQG does), rather than linearise the new plan only to test convergence (half of an MPC step)
+            converged = stalled
+            break
         if derivatives is None:  # the nominal changed: linearise again
             if fd_model is None:
                 A, B, _, _ = grad.transition_jacobians(m, states[:-1].replace(ctrl=plan), backward_mode=backward_mode)
