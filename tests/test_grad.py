@@ -371,6 +371,31 @@ def test_transition_jacobians_from_the_solution_equal_the_full_solve(cone):
     assert_close("B", B, B_full, TOL["batch"])
 
 
+def test_transition_jacobians_from_a_step_already_taken():
+    """stepped= (the Data after the step, e.g. a rollout's next entry): the step is not taken again. From
+    diffmj's own step the Jacobians are the same to the bit, from MuJoCo C's mj_step (its warm start) to
+    rounding; from a wrong solution they differ (the given one is the one differentiated)."""
+    mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=100))
+    m = diffmj.put_model(mjm)
+    d = torch.stack([diffmj.put_data(m, settled_state(mjm, n)) for n in (40, 45)])
+    expected = diffmj.grad.transition_jacobians(m, d)
+    stepped = diffmj.step(m, d)
+    for ours, theirs in zip(diffmj.grad.transition_jacobians(m, d, stepped=stepped), expected):
+        assert torch.equal(ours, theirs)
+    in_c = []
+    for n in (40, 45):
+        mjd = settled_state(mjm, n)
+        mujoco.mj_step(mjm, mjd)
+        in_c.append(diffmj.put_data(m, mjd))
+    A, B, _, _ = diffmj.grad.transition_jacobians(m, d, stepped=torch.stack(in_c))
+    assert_close("A from MuJoCo C's step", A, expected[0], TOL["batch"])
+    assert_close("B from MuJoCo C's step", B, expected[1], TOL["batch"])
+    wrong = stepped.replace(qacc_warmstart=stepped.qacc_warmstart + 0.5)
+    assert (diffmj.grad.transition_jacobians(m, d, stepped=wrong)[0] - expected[0]).abs().max() > 1e-6
+    with pytest.raises(ValueError, match="stepped must be"):
+        diffmj.grad.transition_jacobians(m, d, stepped=stepped[0])
+
+
 def test_from_solution_compiles_for_models_that_differ_in_their_flags():
     """A compiled function that has seen two models differing in opt.disableflags traces the flags as a
     symbolic int; from_solution still clears the warm-start bit (it failed in Dynamo building a DisableBit)."""

@@ -42,11 +42,12 @@ def transition(d: Data, nominal: Tensor, mode: BackwardMode):
     return f
 
 
-def _jacobians(m: Model, d: Data, solved: Data, mode: BackwardMode) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(A, B, C, D) of the step from unbatched d, whose result is ``solved``."""
-    nominal = solved.qpos.detach()
+def _jacobians(m: Model, d: Data, stepped: Data, mode: BackwardMode) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(A, B, C, D) of the step from unbatched d, whose result is ``stepped`` (its qpos and qacc_warmstart,
+    the step's qacc, are read)."""
+    nominal = stepped.qpos.detach()
     if reuses_solution(m, mode):  # differentiate from the solution: no solver iterations under jacrev
-        m, d = from_solution(m), d.replace(qacc_warmstart=solved.qacc.detach())
+        m, d = from_solution(m), d.replace(qacc_warmstart=stepped.qacc_warmstart.detach())
     x0 = torch.zeros(2 * m.nv + m.na, dtype=m.dtype, device=m.device)
     f = transition(d, nominal, mode)
     (A, B), (C, D) = torch.func.jacrev(lambda dx, ctrl: f(m, dx, ctrl), argnums=(0, 1))(x0, d.ctrl)
@@ -54,7 +55,7 @@ def _jacobians(m: Model, d: Data, solved: Data, mode: BackwardMode) -> tuple[Ten
 
 
 def transition_jacobians(
-    m: Model, d: Data, *, backward_mode: BackwardMode | None = None
+    m: Model, d: Data, *, backward_mode: BackwardMode | None = None, stepped: Data | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(A, B, C, D) of one step from d: [2nv+na, 2nv+na], [2nv+na, nu], [nsensordata, 2nv+na],
     [nsensordata, nu]. A batched Data gives batched Jacobians [*batch, ...]: the batch is stepped
@@ -65,13 +66,19 @@ def transition_jacobians(
     With the implicit adjoint (not RK4), the differentiated step starts from the solution of the
     step taken first and runs no solver iterations (``diffmj.grad.solution``).
 
+    stepped: the Data after the step from d, batched as d, where the caller has it (the next entries of
+    a rollout, diffmj's or MuJoCo C's with the warm start recorded: ``diffmj.optim.rollout_feedback_mujoco``):
+    its qpos and qacc_warmstart (the step's qacc) are read and the step is not taken again.
+
     To compile it with inductor, pass ``options={"reorder_for_peak_memory": False}``: torch 2.13's
     reordering for peak memory miscompiles the batched Jacobians (README, "Gradient costs").
     """
     mode = resolve_backward_mode(m, backward_mode)
+    if stepped is not None and (not isinstance(stepped, Data) or stepped.batch_size != d.batch_size):
+        raise ValueError(f"stepped must be a Data of d's batch {tuple(d.batch_size)}")
     if not d.batch_dims:
-        return _jacobians(m, d, step(m, d, backward_mode=mode), mode)
+        return _jacobians(m, d, step(m, d, backward_mode=mode) if stepped is None else stepped, mode)
     flat = d.reshape(-1)
-    solved = step(m, flat, backward_mode=mode)
-    jacobians = elementwise(lambda d, solved: _jacobians(m, d, solved, mode), True)(flat, solved)
+    stepped = step(m, flat, backward_mode=mode) if stepped is None else stepped.reshape(-1)
+    jacobians = elementwise(lambda d, stepped: _jacobians(m, d, stepped, mode), True)(flat, stepped)
     return tuple(x.reshape(*d.batch_size, *x.shape[1:]) for x in jacobians)

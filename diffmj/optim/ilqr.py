@@ -260,7 +260,9 @@ def ilqr(
             break
         if derivatives is None:  # the nominal changed: linearise again
             if fd_model is None:
-                A, B, _, _ = grad.transition_jacobians(m, states[:-1].replace(ctrl=plan), backward_mode=backward_mode)
+                # the rollout's next states carry each step's solution: no step is solved again
+                A, B, _, _ = grad.transition_jacobians(m, states[:-1].replace(ctrl=plan), backward_mode=backward_mode,
+                                                       stepped=states[1:])
             else:
                 A, B = _jacobians_fd(fd_model, states, plan, fd_eps)
             derivatives = cost_derivatives(m, cost, states, plan)
