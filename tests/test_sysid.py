@@ -467,3 +467,34 @@ def test_fit_with_rollouts_in_mujoco_equals_diffmjs(problem):
         sysid.fit(m, params, data, mj_model=mjm, compile=True)
     with pytest.raises(ValueError, match="sizes"):
         sysid.fit(m, params, data, mj_model=mujoco.MjModel.from_xml_string(PENDULUM.format(armature=0.1)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_mujoco_model_holds_what_apply_sets(dtype):
+    """mujoco_model writes each parameter as apply sets it: scalar and vector options, one component of a
+    row, a mass (mj_setConst's derived constants follow), a derived constant fitted after it (kept, as apply
+    keeps it); entries the parameters leave alone keep mj_model's float64 values, also for a float32 model."""
+    mjm = mujoco.MjModel.from_xml_string(SLIDING_BOX.format(friction=0.3))
+    m = diffmj.put_model(mjm, dtype=dtype)
+    params = [sysid.Parameter("opt.timestep", initial=0.015), sysid.Parameter("opt.gravity", index=2, initial=-9.0),
+              sysid.Parameter("geom_friction", "box", index=0, initial=0.7),
+              sysid.Parameter("body_mass", "box", initial=2.5), sysid.Parameter("geom_rbound", "box", initial=0.5),
+              sysid.Parameter("stat_meaninertia", initial=0.3)]
+    x = sysid.initial_vector(m, params)
+    model = sysid.mujoco_model(mjm, m, params, x)
+    applied = sysid.apply(m, params, x)
+    box = mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_GEOM, "box")
+    body = mujoco.mj_name2id(mjm, mujoco.mjtObj.mjOBJ_BODY, "box")
+    assert model.opt.timestep == pytest.approx(0.015, rel=1e-7) and model.opt.gravity[2] == pytest.approx(-9.0)
+    assert model.geom_friction[box, 0] == pytest.approx(0.7) and model.body_mass[body] == pytest.approx(2.5)
+    assert model.geom_rbound[box] == pytest.approx(0.5) and model.stat.meaninertia == pytest.approx(0.3)
+    # mj_setConst after the mass: its derived constants are diffmj's set_const's
+    np.testing.assert_allclose(model.body_invweight0, applied.body_invweight0.double().numpy(),
+                               rtol=1e-6 if dtype == torch.float32 else 1e-12)
+    # untouched entries: mj_model's, bit for bit, even where the model is float32
+    assert model.geom_friction[box, 1:].tolist() == mjm.geom_friction[box, 1:].tolist()
+    assert model.opt.gravity[:2].tolist() == mjm.opt.gravity[:2].tolist()
+    assert mjm.body_mass[body] == 1.0  # the caller's model is unchanged
+    with pytest.raises(ValueError, match="mj_model holds it as"):
+        sysid.mujoco_model(mjm, m.replace(opt=m.opt.replace(gravity=torch.zeros(4, dtype=dtype))),
+                           [sysid.Parameter("opt.gravity", initial=0.0)], torch.zeros(4, dtype=dtype))

@@ -68,7 +68,8 @@ def transition_jacobians(
 
     stepped: the Data after the step from d, batched as d, where the caller has it (the next entries of
     a rollout, diffmj's or MuJoCo C's with the warm start recorded: ``diffmj.optim.rollout_feedback_mujoco``):
-    its qpos and qacc_warmstart (the step's qacc) are read and the step is not taken again.
+    its qpos and qacc_warmstart (the step's qacc) are read and the step is not taken again. The Jacobians
+    are then those at that solution: MuJoCo C's agrees with diffmj's to the solver's tolerance.
 
     To compile it with inductor, pass ``options={"reorder_for_peak_memory": False}``: torch 2.13's
     reordering for peak memory miscompiles the batched Jacobians (README, "Gradient costs").

@@ -47,7 +47,8 @@ class ILQRResult(NamedTuple):
     gains [T, nu, ns]: feedback K_t for the returned plan, u = ctrl_t + K_t dx_t with dx_t the tangent
     deviation of the state before step t from the plan's: the last backward pass's (at the plan when it
     converged; after ``max_iterations`` the gains its last forward pass was rolled out with, as MJPC's iLQG
-    keeps them). cost: [] the plan's total cost.
+    keeps them, and converged is False even if one more linearisation would have found it so). cost: [] the
+    plan's total cost.
     cost_history [iterations + 1]: the total cost before the first and after each iteration.
     iterations: forward passes run. converged: stopped by the tolerance (not by max_iterations or
     by the regularisation growing past its maximum). regularization: the final mu. wall_time: seconds.
@@ -253,10 +254,9 @@ def ilqr(
     mu, delta = regularization, 1.0
     converged, stalled, derivatives, iterations, result = False, False, None, 0, None
     while True:
-        if derivatives is None and iterations == max_iterations and result is not None:
+        if derivatives is None and iterations == max_iterations and result is not None and not stalled:
             # no forward pass left: keep the last backward pass's gains, which the plan was rolled out with (as
             # MJPC's iLQG does), rather than linearise the new plan only to test convergence (half of an MPC step)
-            converged = stalled
             break
         if derivatives is None:  # the nominal changed: linearise again
             if fd_model is None:

@@ -433,24 +433,30 @@ def _trajectory(m: Model, params: Sequence[Parameter], data: Recording, x: Tenso
 
 
 def mujoco_model(mj_model: mujoco.MjModel, m: Model, params: Sequence[Parameter], x: Tensor) -> mujoco.MjModel:
-    """A copy of mj_model (the MjModel m was made from) with the parameters set from x [n], as ``apply`` sets
-    them on m: each parameter's field written whole, then ``mj_setConst`` where one of them feeds MuJoCo's
-    derived constants (``SET_CONST_INPUTS``). ValueError for a field the MjModel holds in another shape."""
+    """A copy of mj_model (the MjModel m was made from) with the parameters set from x [n] as ``apply`` sets
+    them on m: in the order given, each parameter's entries that differ from m's written (a float32 model's
+    other entries keep mj_model's values), and ``mj_setConst`` after one that feeds MuJoCo's derived constants
+    (``SET_CONST_INPUTS``). ValueError for a field the MjModel does not hold in the model's shape."""
     check_sizes(mj_model, m)
     model = copy.copy(mj_model)
     applied = apply(m, params, x)
     for p in params:
-        owner, attr = (model.opt, p.name[4:]) if p.name.startswith("opt.") else (model, p.name)
-        value = get_param(applied, p.name).detach().to("cpu", torch.float64).numpy()
-        current = np.asarray(getattr(owner, attr))
-        if current.shape != value.shape:
-            raise ValueError(f"{p.name}: mj_model holds it as {current.shape}, the model as {value.shape}")
+        owner, attr = ((model.opt, p.name[4:]) if p.name.startswith("opt.") else
+                       (model.stat, p.name[5:]) if p.name.startswith("stat_") else (model, p.name))
+        new = get_param(applied, p.name)
+        current = np.asarray(getattr(owner, attr)) if hasattr(owner, attr) else None
+        if current is None or current.shape != tuple(new.shape):
+            held = "does not hold it" if current is None else f"holds it as {current.shape}"
+            raise ValueError(f"{p.name}: mj_model {held}, the model as {tuple(new.shape)}")
+        changed = (new != get_param(m, p.name)).cpu().numpy()
+        value = new.detach().to("cpu", torch.float64).numpy()
         if current.ndim == 0:
-            setattr(owner, attr, float(value))
+            if changed:
+                setattr(owner, attr, float(value))
         else:
-            current[...] = value
-    if any(p.name in SET_CONST_INPUTS for p in params):
-        mujoco.mj_setConst(model, mujoco.MjData(model))
+            current[changed] = value[changed]
+        if p.name in SET_CONST_INPUTS:
+            mujoco.mj_setConst(model, mujoco.MjData(model))
     return model
 
 
