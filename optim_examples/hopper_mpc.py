@@ -10,9 +10,10 @@ forward passes in diffmj, the step sizes as one batch). The example prints when 
 of each plan's cost and the trajectory (optim_examples/out/hopper_mpc.png) and a GIF of the run
 (hopper_mpc.gif).
 
-Measured (2-core machine, 2026-12-05): standing (torso's top within 0.1 m) from t = 0.09 s on, 1.4 mm from
-standing at the end, 200 steps in 58 s (0.29 s per plan, the Jacobians eager; 271 s, 1.35 s per plan, with
-``--diffmj-rollouts``, the same run to rounding). benchmarks/planners.py's MPC runs
+Measured (2-core machine, idle, 2026-12-05 evening): standing (torso's top within 0.1 m) from t = 0.09 s on,
+0.4 mm from standing at the end, 200 steps in 23 s (0.11 s per plan: one linearisation by eager exact
+Jacobians, the rollouts in C; 271 s, 1.35 s per plan, with ``--diffmj-rollouts`` before iLQR stopped
+linearising twice per iteration). benchmarks/planners.py's MPC runs
 of the same loop from perturbed starts: 1 of 1 held on exact and on mjd_transitionFD Jacobians, where the
 sampling planners with 64 candidates per step held it in 1 of 30.
 
