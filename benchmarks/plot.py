@@ -134,7 +134,7 @@ def plot_sysid(plt, result: dict):
     for ax in axes.flat[len(problems):]:
         ax.set_visible(False)
     markers = dict(zip(("mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit", "diffmj_fit_mujoco",
-                        "diffmj_fit_compiled", "minimize_exact"), "osDP^v"))
+                        "diffmj_fit_compiled", "minimize_exact", "minimize_exact_mujoco"), "osDP^v<"))
     for ax, (name, problem) in zip(axes.flat, problems.items()):
         for method, r in problem["methods"].items():
             if "error" in r:

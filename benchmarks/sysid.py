@@ -379,8 +379,10 @@ def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Paramet
 
 
 def run_minimize_exact(problem: Problem, m: diffmj.Model, params: list[sysid.Parameter], data: sysid.Recording,
-                       max_iters: int) -> dict:
-    x0, residual, jacobian, box = sysid.least_squares_functions(m, params, data)
+                       max_iters: int, mj_model: mujoco.MjModel | None = None) -> dict:
+    """mujoco.minimize.least_squares on diffmj's residual and exact Jacobian (with ``mj_model``: both along
+    MuJoCo C's rollouts)."""
+    x0, residual, jacobian, box = sysid.least_squares_functions(m, params, data, mj_model=mj_model)
     residual, jacobian = Counter(residual), Counter(jacobian)
     start = time.perf_counter()
     x, trace = mujoco.minimize.least_squares(x0, residual, jacobian=jacobian, bounds=box, max_iter=max_iters,
@@ -402,6 +404,7 @@ METHODS = {
     "diffmj_fit_mujoco": "diffmj sysid.fit, rollouts in MuJoCo C (mj_model=)",
     "diffmj_fit_compiled": "diffmj sysid.fit(compile=True)",
     "minimize_exact": "mujoco.minimize + diffmj's exact Jacobian",
+    "minimize_exact_mujoco": "mujoco.minimize + diffmj's exact Jacobian, rollouts in MuJoCo C",
 }
 
 
@@ -435,6 +438,7 @@ def run_problem(problem: Problem, methods: list[str], max_iters: int, max_chunks
         "diffmj_fit_mujoco": lambda: run_diffmj_fit(problem, m, params, data, max_iters, mj_model=mjm),
         "diffmj_fit_compiled": lambda: run_diffmj_fit(problem, m, params, data, max_iters, compiled=True),
         "minimize_exact": lambda: run_minimize_exact(problem, m, params, data, max_iters),
+        "minimize_exact_mujoco": lambda: run_minimize_exact(problem, m, params, data, max_iters, mj_model=mjm),
     }
     save(out)
     for name in methods:
@@ -473,7 +477,8 @@ def main() -> None:
     parser.add_argument("--max-iters", type=int, default=100, help="iterations allowed to every method")
     parser.add_argument("--max-chunks", type=int, help="fit only the first chunks of each recording (a quick look)")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS),
-                        default=["mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit", "diffmj_fit_mujoco"],
+                        default=["mujoco_sysid", "mujoco_sysid_no_resample", "diffmj_fit", "diffmj_fit_mujoco",
+                                 "minimize_exact_mujoco"],
                         help="diffmj_fit_compiled compiles for minutes per problem")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "sysid.json")
     parser.add_argument("--table", type=Path, help="print the table of an existing result and exit")

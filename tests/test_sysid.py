@@ -7,6 +7,7 @@ step on a CPU: PyTorch's forward-mode overhead per operation).
 
 from __future__ import annotations
 
+import copy
 import io
 import itertools
 import math
@@ -463,8 +464,20 @@ def test_fit_with_rollouts_in_mujoco_equals_diffmjs(problem):
     assert eager.converged and on_c.iterations == eager.iterations
     torch.testing.assert_close(on_c.x, eager.x, rtol=0, atol=1e-9)
     torch.testing.assert_close(on_c.cost_history, eager.cost_history, rtol=1e-6, atol=1e-20)
+    # the same functions for mujoco.minimize: residuals and Jacobians along MuJoCo C's rollouts
+    x0, residual, jacobian, _ = sysid.least_squares_functions(m, params, data, mj_model=mjm)
+    _, residual_diffmj, jacobian_diffmj, _ = sysid.least_squares_functions(m, params, data)
+    points = np.stack([x0, x0 * 1.1], 1)
+    np.testing.assert_allclose(residual(points), residual_diffmj(points), rtol=0, atol=1e-11)
+    expected = jacobian_diffmj(x0[:, None], None)
+    np.testing.assert_allclose(jacobian(x0[:, None], None), expected, rtol=0, atol=1e-9 * np.abs(expected).max())
     with pytest.raises(ValueError, match="compile=False"):
         sysid.fit(m, params, data, mj_model=mjm, compile=True)
+    other = copy.copy(mjm)  # MuJoCo C's model is the one stepped: a change diffmj's model lacks shows
+    other.opt.timestep = 1.5 * mjm.opt.timestep
+    assert np.abs(sysid.least_squares_functions(m, params, data, mj_model=other)[1](points) - residual(points)).max() > 1e-3
+    with pytest.raises(ValueError, match="compile=False"):
+        sysid.least_squares_functions(m, params, data, mode="forward", mj_model=mjm)
     with pytest.raises(ValueError, match="sizes"):
         sysid.fit(m, params, data, mj_model=mujoco.MjModel.from_xml_string(PENDULUM.format(armature=0.1)))
 

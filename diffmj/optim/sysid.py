@@ -470,6 +470,23 @@ def _trajectory_mujoco(mj_model: mujoco.MjModel, m: Model, params: Sequence[Para
     return {"qacc": traj.qacc_warmstart, **{f: getattr(traj, f) for f in kept}}
 
 
+def _rolled_out(m: Model, params: Sequence[Parameter], data: Recording, x: Tensor,
+                mj_model: mujoco.MjModel | None) -> tuple[dict[str, Tensor], Tensor]:
+    """The trajectory at x (``_trajectory``, or ``_trajectory_mujoco`` given mj_model) and the residual [nr]."""
+    traj = _trajectory(m, params, data, x) if mj_model is None else _trajectory_mujoco(mj_model, m, params, data, x)
+    return traj, _weighted_difference(m, data, _predicted(data, traj))
+
+
+def _check_mujoco(mj_model: mujoco.MjModel | None, m: Model, params: Sequence[Parameter], x: Tensor, mode: str,
+                  compile: CompileArg = False) -> None:
+    if mj_model is None:
+        return
+    if compile is not False or mode not in ("auto", "steps"):
+        raise ValueError("mj_model= rolls the residual out in MuJoCo C under per-step Jacobians: use it with "
+                         "compile=False and mode 'auto' or 'steps'")
+    mujoco_model(mj_model, m, params, x)  # a field MuJoCo holds in another shape fails here, not mid-fit
+
+
 def _predicted(data: Recording, traj: dict[str, Tensor]) -> dict[str, Tensor]:
     """The measured signals of ``_trajectory``'s output, name -> [*batch, T, k] (as ``rollout`` gives them)."""
     return {s: traj[s].reshape(*_batch_shape(data), data.ctrl.shape[-2], -1) for s in _measured(data)}
@@ -670,19 +687,13 @@ def fit(
     layout = _layout(m, params)
     x = initial_vector(m, params)
     lower, upper = bounds(m, params)
-    if mj_model is not None:
-        if compile is not False or mode not in ("auto", "steps"):
-            raise ValueError("mj_model= rolls the residual out in MuJoCo C under per-step Jacobians: use it with "
-                             "compile=False and mode 'auto' or 'steps'")
-        mujoco_model(mj_model, m, params, x)  # a field MuJoCo holds in another shape fails here, not mid-fit
+    _check_mujoco(mj_model, m, params, x, mode, compile)
 
     if compile is False and mode in ("auto", "steps"):
         _check_recording(m, data)
 
         def evaluate(x: Tensor) -> tuple[Tensor, float, dict[str, Tensor]]:
-            traj = (_trajectory(m, params, data, x) if mj_model is None
-                    else _trajectory_mujoco(mj_model, m, params, data, x))
-            r = _weighted_difference(m, data, _predicted(data, traj))
+            traj, r = _rolled_out(m, params, data, x, mj_model)
             return r, 0.5 * float(r @ r), traj
 
         def jacobian_at(x: Tensor, traj: dict[str, Tensor]) -> Tensor:  # the rollout at x is the residual's
@@ -761,7 +772,8 @@ def fit(
         singular=singular, unidentified=unidentified)
 
 
-def least_squares_functions(m: Model, params: Sequence[Parameter], data: Recording, mode: str = "auto"):
+def least_squares_functions(m: Model, params: Sequence[Parameter], data: Recording, mode: str = "auto",
+                            mj_model: mujoco.MjModel | None = None):
     """The problem in ``mujoco.minimize.least_squares``' terms: (x0, residual, jacobian, bounds), numpy.
 
     x0 [n] float64; residual(x [n, k]) -> [nr, k] float64 (vectorised over columns, as
@@ -769,8 +781,10 @@ def least_squares_functions(m: Model, params: Sequence[Parameter], data: Recordi
     float64, diffmj's exact Jacobian; bounds: [lower [n], upper [n]] or None when unbounded
     (least_squares needs finite bounds: infinite ones are passed as +-1e300). Use as
     ``mujoco.minimize.least_squares(x0, residual, jacobian=jacobian, bounds=bounds)``.
+    mj_model: as ``fit``'s, the rollouts (residuals, and those the Jacobians follow) in MuJoCo C.
     """
     _check_recording(m, data)
+    _check_mujoco(mj_model, m, params, initial_vector(m, params), mode)
     x0 = initial_vector(m, params).double().cpu().numpy()
     lower, upper = (b.double().cpu().numpy() for b in bounds(m, params))
 
@@ -780,11 +794,15 @@ def least_squares_functions(m: Model, params: Sequence[Parameter], data: Recordi
     def residual_np(x: np.ndarray) -> np.ndarray:
         x = np.asarray(x).reshape(x0.shape[0], -1)
         with torch.no_grad():
-            columns = [residual(m, params, data, to_torch(x[:, k])) for k in range(x.shape[1])]
+            columns = [residual(m, params, data, to_torch(x[:, k])) if mj_model is None
+                       else _rolled_out(m, params, data, to_torch(x[:, k]), mj_model)[1] for k in range(x.shape[1])]
         return torch.stack(columns, -1).double().cpu().numpy()
 
     def jacobian_np(x: np.ndarray, r: np.ndarray | None = None) -> np.ndarray:
-        return jacobian(m, params, data, to_torch(np.asarray(x).reshape(-1)), mode).double().cpu().numpy()
+        x = to_torch(np.asarray(x).reshape(-1))
+        J = (jacobian(m, params, data, x, mode) if mj_model is None
+             else _steps_jacobian(m, params, data, x, _trajectory_mujoco(mj_model, m, params, data, x)))
+        return J.double().cpu().numpy()
 
     box = None
     if np.isfinite(lower).any() or np.isfinite(upper).any():
