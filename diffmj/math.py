@@ -94,7 +94,12 @@ def _signed_sums(a: Tensor, b: Tensor, sums: _Sums) -> Tensor:
     left = sums.left.tensor(device=a.device)
     right = sums.right.tensor(device=b.device)
     sign = sums.sign.tensor(a.dtype, a.device)
-    terms = (a[..., left] * b[..., right] * sign).unbind(-1)  # one op for the views of every term
+    # index_select, not a[..., left]: its backward is an index_add, which CPU runs in parallel, where
+    # indexing's backward is an accumulating index_put that runs on one thread (a quarter of a batched
+    # reverse-mode Jacobian's time)
+    factors = a.index_select(-1, left.flatten()).unflatten(-1, left.shape)
+    factors = factors * b.index_select(-1, right.flatten()).unflatten(-1, right.shape)
+    terms = (factors * sign).unbind(-1)  # one op for the views of every term
     if sums.pairwise:
         return (terms[0] + terms[1]) + (terms[2] + terms[3])
     out = terms[0]
