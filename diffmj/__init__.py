@@ -3,7 +3,7 @@
 from diffmj.contacts import contact_force, contact_slots
 from diffmj.forward import forward, step
 from diffmj.io import get_data, get_data_into, load, make_data, put_data, put_model
-from diffmj.params import get_param, set_param
+from diffmj.params import get_param, replace_param, set_param, set_params
 from diffmj.precompile import precompiled
 from diffmj.rollout import rollout, rollout_feedback, rollout_policy
 from diffmj.setconst import set_const
@@ -80,7 +80,9 @@ __all__ = [
     "rollout_feedback",
     "rollout_policy",
     "set_const",
+    "replace_param",
     "set_param",
+    "set_params",
     "set_state",
     "state_size",
     "step",

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from typing import Iterable
 
 import torch
 from torch import Tensor
 
 from diffmj.collision.driver import check_hfield_reach
 from diffmj.names import KINDS
-from diffmj.setconst import SET_CONST_INPUTS, set_const
+from diffmj.setconst import SET_CONST_INPUTS, SET_CONST_OUTPUTS, set_const
 from diffmj.types import JointType, Model
 
 
@@ -107,6 +108,33 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
     without surface velocities, and for a geom that would reach
     past the hfield cells put_model planned for it (``HFIELD_REACH_PARAMS``; ``check_hfield_reach``).
     """
+    return set_params(m, [(name, value, obj)])
+
+
+def set_params(m: Model, changes: Iterable[tuple[str, Tensor | float, str | int | None]]) -> Model:
+    """``set_param`` for each (name, value, obj) of ``changes`` in turn, with the derived constants
+    recomputed once where set_param would recompute them after each: the same Model, one ``set_const``
+    instead of one per mass or armature (as a MuJoCo user sets several fields, then calls
+    ``mj_setConst`` once). Raises ValueError as ``set_param`` does.
+    """
+    stale, reach = False, False  # derived constants not yet recomputed; an hfield reach to check
+    for name, value, obj in changes:
+        if stale and name in SET_CONST_OUTPUTS:  # set_param would have recomputed it before this change
+            m, stale = set_const(m), False
+        m = replace_param(m, name, value, obj)
+        stale |= name in SET_CONST_INPUTS
+        reach |= name in HFIELD_REACH_PARAMS
+    m = set_const(m) if stale else m
+    if reach:
+        check_hfield_reach(m)
+    return m
+
+
+def replace_param(m: Model, name: str, value: Tensor | float, obj: str | int | None = None) -> Model:
+    """``set_param`` without recomputing the derived constants: ``Model.replace`` by MuJoCo's field and
+    object names (the raw write a MuJoCo user makes before calling ``mj_setConst``; ``diffmj.set_const``
+    is its counterpart). Raises ValueError as ``set_param`` does, but for the hfield reach (it checks
+    nothing derived)."""
     current = _field(m, name)
     if name in FLUID_PARAMS and not m.fluid_plan.enabled:
         raise ValueError(f"{name!r}: the model was loaded without fluid forces (density = viscosity = 0), so "
@@ -138,10 +166,5 @@ def set_param(m: Model, name: str, value: Tensor | float, obj: str | int | None 
         index = torch.arange(current.shape[0], device=current.device)[rows].reshape(-1)
         new = current.index_copy(0, index, value.reshape(index.shape[0], *current.shape[1:]))
     if name.startswith("opt."):
-        m = m.replace(opt=m.opt.replace(**{name[4:]: new}))
-    else:
-        m = m.replace(**{name: new})
-        m = set_const(m) if name in SET_CONST_INPUTS else m
-    if name in HFIELD_REACH_PARAMS:
-        check_hfield_reach(m)
-    return m
+        return m.replace(opt=m.opt.replace(**{name[4:]: new}))
+    return m.replace(**{name: new})

@@ -54,6 +54,11 @@ SET_CONST_INPUTS = frozenset({
     "jnt_pos", "jnt_axis", "dof_armature", "tendon_armature", "wrap_prm", "eq_data", "geom_size",
     "site_pos", "site_quat", "actuator_gear",
 })
+# the fields set_const writes (the table above)
+SET_CONST_OUTPUTS = frozenset({
+    "body_invweight0", "dof_invweight0", "tendon_invweight0", "tendon_length0", "actuator_acc0", "eq_data",
+    "geom_rbound",
+})
 
 SIMPLE_SLIDING = 2  # body_simple: diagonal mass matrix and slide joints only
 

@@ -340,6 +340,28 @@ def test_transition_jacobians_match_own_differences():
     assert_close("B", B, Bfd, 1e-7)
 
 
+def test_jacrev_chained_equals_jacrev():
+    """jacrev_chained (the inner function's rows mapped output by output, the outer chained to them) gives
+    jacrev's Jacobians of the composition: per output, per primal (a tensor and a list of tensors), an output
+    that does not depend on a primal, and empty outputs."""
+    from diffmj.grad.transition import jacrev_chained
+
+    def inner(x, ws):
+        return torch.sin(x) * ws[0].sum() + ws[1][:3], x[:2] ** 3, ws[1][:0]
+
+    def outer(x, ws, y):
+        return torch.cat((y[0] * x, y[1] + ws[1][:2])), y[1] * ws[0][0, 1], y[2], ws[1] * 2
+
+    x = torch.linspace(0.1, 0.9, 3, dtype=torch.float64)
+    ws = [torch.linspace(-1, 1, 4, dtype=torch.float64).reshape(2, 2), torch.linspace(0.5, 2, 5, dtype=torch.float64)]
+    ours = jacrev_chained(inner, outer, x, ws)
+    theirs = torch.func.jacrev(lambda x, ws: outer(x, ws, inner(x, ws)), argnums=(0, 1))(x, ws)
+    ours, theirs = torch.utils._pytree.tree_leaves(ours), torch.utils._pytree.tree_leaves(theirs)
+    assert len(ours) == len(theirs) == 12
+    assert all(a.shape == b.shape for a, b in zip(ours, theirs))
+    assert all(torch.allclose(a, b, rtol=1e-15, atol=1e-15) for a, b in zip(ours, theirs))
+
+
 def test_transition_jacobians_batched():
     mjm = mujoco.MjModel.from_xml_path(str(BENCHMARK_MODELS / "hopper.xml"))
     m = diffmj.put_model(mjm)

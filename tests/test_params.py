@@ -117,6 +117,27 @@ def test_gradient_flows_through_set_param():
         assert_close("vmapped set_param", batched[k], one, TOL["batch"])
 
 
+def test_set_params_equals_set_param_in_turn():
+    """set_params recomputes the derived constants once, yet gives the model set_param gives change by change:
+    two masses and a geom size (inputs of set_const), then a derived constant set by hand after them (kept, as
+    set_param keeps it), then a damping (no input)."""
+    m = diffmj.load(MODELS / "chain.xml")
+    changes = [("body_mass", 2.5, "upper"), ("body_mass", 0.7, "lower"), ("geom_size", 0.09, 0),
+               ("geom_rbound", 0.5, 0), ("dof_damping", 0.3, None)]
+    one_by_one = m
+    for name, value, obj in changes:
+        one_by_one = diffmj.set_param(one_by_one, name, value, obj)
+    together = diffmj.set_params(m, changes)
+    leaves, expected = torch.utils._pytree.tree_leaves(together), torch.utils._pytree.tree_leaves(one_by_one)
+    assert len(leaves) == len(expected) and all(
+        torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(leaves, expected))
+    assert diffmj.get_param(together, "geom_rbound", 0) == 0.5
+    assert not torch.equal(together.body_invweight0, m.body_invweight0)  # the masses did reach set_const
+    # replace_param writes the field alone: nothing derived follows
+    raw = diffmj.replace_param(m, "body_mass", 2.5, "upper")
+    assert torch.equal(raw.body_invweight0, m.body_invweight0) and diffmj.get_param(raw, "body_mass", "upper") == 2.5
+
+
 def test_set_param_is_out_of_place_and_keeps_structure():
     m = diffmj.load(MODELS / "chain.xml")
     before = m.dof_damping.clone()

@@ -12,7 +12,7 @@ A problem is
 
 The optimisation variable x [n] concatenates the parameters' flattened values, log-transformed
 where asked. ``residual(x)`` is the weighted difference between ``diffmj.rollout`` of the model
-with the parameters set by ``diffmj.set_param`` and the measurements, flattened; ``jacobian(x)``
+with the parameters set by ``diffmj.set_params`` and the measurements, flattened; ``jacobian(x)``
 its exact Jacobian (by default every step's Jacobians, all steps in one reverse-mode batch, chained
 along the rollout; or ``torch.func.jacfwd`` / ``jacrev`` of the rollout); ``fit`` a small
 Levenberg-Marquardt on them whose steps minimise its quadratic model within the bounds
@@ -39,9 +39,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from diffmj import Data, Model, differentiate_pos, get_param, integrate_pos, rollout, set_param, step
+from diffmj import Data, Model, differentiate_pos, get_param, integrate_pos, replace_param, rollout, set_params, step
 from diffmj.grad.solution import from_solution, reuses_solution
-from diffmj.grad.transition import transition
+from diffmj.grad.transition import jacrev_chained, transition
 from diffmj.optim.mujoco_c import check_sizes, rollout_feedback_mujoco
 from diffmj.rollout import CompileArg, compile_options
 from diffmj.setconst import SET_CONST_INPUTS
@@ -209,19 +209,22 @@ def values(m: Model, params: Sequence[Parameter], x: Tensor) -> dict[str, Tensor
 
 
 def apply(m: Model, params: Sequence[Parameter], x: Tensor) -> Model:
-    """The model with every parameter set from x [n] by ``diffmj.set_param`` (differentiable in x).
+    """The model with every parameter set from x [n] by ``diffmj.set_params`` (differentiable in x).
 
-    set_param recomputes the constants MuJoCo derives from masses, inertias, armature and geometry
-    (``diffmj.set_const``), so the model is the one MuJoCo C simulates after mj_setConst.
+    set_params recomputes the constants MuJoCo derives from masses, inertias, armature and geometry
+    (``diffmj.set_const``, once for all parameters), so the model is the one MuJoCo C simulates after
+    mj_setConst.
     """
     if x.dtype != m.dtype or x.device != m.device:
         raise ValueError(f"x is {x.dtype} on {x.device}, the model is {m.dtype} on {m.device}")
+    changes, written = [], m  # written: the changes so far, nothing derived (components of one row add up)
     for (p, _, index), value in zip(_layout(m, params), values(m, params, x).values()):
         if index is not None:
-            row = get_param(m, p.name, p.obj)
+            row = get_param(written, p.name, p.obj)
             value = row.reshape(-1).index_copy(0, index, value).reshape(row.shape)
-        m = set_param(m, p.name, value, p.obj)
-    return m
+        written = replace_param(written, p.name, value, p.obj)
+        changes.append((p.name, value, p.obj))
+    return set_params(m, changes)
 
 
 def _check_recording(m: Model, data: Recording) -> None:
@@ -405,13 +408,14 @@ def _varying_leaves(m: Model, params: Sequence[Parameter], x: Tensor,
     """The leaves at positions ``varying`` of ``apply(m, params, x)``, and their tangents [n, ...] (d leaf / d x_i,
     one per component of x [n]), each its own storage."""
 
-    def changed(x: Tensor) -> list[Tensor]:
-        return [pytree.tree_leaves(apply(m, params, x))[i] for i in varying]
+    def changed(x: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        leaves = [pytree.tree_leaves(apply(m, params, x))[i] for i in varying]
+        return leaves, leaves
 
-    unit = torch.eye(x.shape[0], dtype=x.dtype, device=x.device)
-    values, tangents = torch.vmap(lambda e: torch.func.jvp(changed, (x,), (e,)))(unit)
-    # copies: vmap's outputs are views (the values n equal copies of one expanded tensor)
-    return [v[0].clone() for v in values], [t.clone() for t in tangents]
+    # reverse mode: a few dozen derived entries, and forward mode's zero tangents of the constants that
+    # set_const mixes in cost twice as much (shapes worked out by torch's Python references)
+    jacobians, values = torch.func.jacrev(changed, has_aux=True)(x)
+    return [v.clone() for v in values], [j.movedim(-1, 0).contiguous() for j in jacobians]
 
 
 def _replaced(leaves: list[Tensor], positions: list[int], replacements: list[Tensor], spec) -> Model:
@@ -505,8 +509,8 @@ def _chain_step_jacobians(m: Model, params: Sequence[Parameter], data: Recording
     ``_trajectory`` at x, by forward sensitivities from per-step Jacobians.
 
     Every step of every sequence, all T x size at once as one explicit batch, is differentiated by
-    reverse mode (``diffmj.grad.transition``'s step, from the step's known solution where
-    ``reuses_solution``), s_t being the state before step t + 1 as a tangent (dq, dqvel, dact) [ns =
+    reverse mode (``diffmj.grad.transition``'s step by ``jacrev_chained``, from the step's known solution
+    where ``reuses_solution``), s_t being the state before step t + 1 as a tangent (dq, dqvel, dact) [ns =
     2 nv + na] and theta the model's tensors that x sets: A_t = d s_t+1 / d s_t [size, T, ns, ns] and
     P_t = d s_t+1 / d theta, C_t = d sensordata_t / d s_t [size, T, nsensordata, ns] and Q_t = d
     sensordata_t / d theta, the theta columns contracted with d theta / dx (P_t [size, T, ns, n], Q_t
@@ -536,11 +540,9 @@ def _chain_step_jacobians(m: Model, params: Sequence[Parameter], data: Recording
 
     def jacobians(d: Data, nominal: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         f = transition(d, nominal, mode)
-
-        def g(dx: Tensor, changed: list[Tensor]):
-            return f(_replaced(leaves, varying, changed, spec), dx, d.ctrl)
-
-        (A, P), (C, Q) = torch.func.jacrev(g, argnums=(0, 1))(dx0, values)
+        model = lambda changed: _replaced(leaves, varying, changed, spec)  # noqa: E731
+        (A, P), (C, Q) = jacrev_chained(lambda dx, changed: f.step(model(changed), dx, d.ctrl),
+                                        lambda dx, changed, y: f.state(model(changed), dx, y), dx0, values)
         # d out / d theta contracted with d theta / dx: [rows, n]
         contract = lambda J: sum(j.reshape(j.shape[0], t[0].numel()) @ t.reshape(t.shape[0], -1).mT  # noqa: E731
                                  for j, t in zip(J, tangents))
