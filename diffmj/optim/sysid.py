@@ -403,19 +403,20 @@ def _varying_positions(m: Model, params: Sequence[Parameter], x: Tensor) -> list
             if before is not after]
 
 
+def _leaf_tangents(m: Model, params: Sequence[Parameter], x: Tensor, positions: list[int]) -> list[Tensor]:
+    """d leaf / dx [n, ...] of the leaves at ``positions`` of ``apply(m, params, x)``, one row per component of
+    x [n]. Reverse mode: a few dozen derived entries, where forward mode's zero tangents of the constants
+    that set_const mixes in cost twice as much (their shapes worked out by torch's Python references)."""
+    jacobians = torch.func.jacrev(lambda x: [pytree.tree_leaves(apply(m, params, x))[i] for i in positions])(x)
+    return [j.movedim(-1, 0).contiguous() for j in jacobians]
+
+
 def _varying_leaves(m: Model, params: Sequence[Parameter], x: Tensor,
                     varying: list[int]) -> tuple[list[Tensor], list[Tensor]]:
     """The leaves at positions ``varying`` of ``apply(m, params, x)``, and their tangents [n, ...] (d leaf / d x_i,
     one per component of x [n]), each its own storage."""
-
-    def changed(x: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        leaves = [pytree.tree_leaves(apply(m, params, x))[i] for i in varying]
-        return leaves, leaves
-
-    # reverse mode: a few dozen derived entries, and forward mode's zero tangents of the constants that
-    # set_const mixes in cost twice as much (shapes worked out by torch's Python references)
-    jacobians, values = torch.func.jacrev(changed, has_aux=True)(x)
-    return [v.clone() for v in values], [j.movedim(-1, 0).contiguous() for j in jacobians]
+    leaves = pytree.tree_leaves(apply(m, params, x))
+    return [leaves[i].detach().clone() for i in varying], _leaf_tangents(m, params, x, varying)
 
 
 def _replaced(leaves: list[Tensor], positions: list[int], replacements: list[Tensor], spec) -> Model:
@@ -534,21 +535,30 @@ def _chain_step_jacobians(m: Model, params: Sequence[Parameter], data: Recording
         d = d.replace(qacc_warmstart=traj["qacc"].reshape(size * T, nv))
         model = from_solution(model)
     varying = _varying_positions(m, params, x)
-    values, tangents = _varying_leaves(m, params, x, varying)
     leaves, spec = pytree.tree_flatten(model)  # the varying leaves are replaced by jacrev's inputs below
+    values = [leaves[i] for i in varying]
     dx0 = torch.zeros(2 * nv + m.na, dtype=m.dtype, device=m.device)
 
-    def jacobians(d: Data, nominal: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def jacobians(d: Data, nominal: Tensor) -> tuple[Tensor, list[Tensor], Tensor, list[Tensor]]:
         f = transition(d, nominal, mode)
         model = lambda changed: _replaced(leaves, varying, changed, spec)  # noqa: E731
-        (A, P), (C, Q) = jacrev_chained(lambda dx, changed: f.step(model(changed), dx, d.ctrl),
-                                        lambda dx, changed, y: f.state(model(changed), dx, y), dx0, values)
-        # d out / d theta contracted with d theta / dx: [rows, n]
-        contract = lambda J: sum(j.reshape(j.shape[0], t[0].numel()) @ t.reshape(t.shape[0], -1).mT  # noqa: E731
-                                 for j, t in zip(J, tangents))
-        return A, contract(P), C, contract(Q)
+        return tuple(J for out in jacrev_chained(lambda dx, changed: f.step(model(changed), dx, d.ctrl),
+                                                 lambda dx, changed, y: f.state(model(changed), dx, y), dx0, values)
+                     for J in out)
 
-    A, P, C, Q = (J.reshape(size, T, *J.shape[1:]) for J in elementwise(jacobians, True)(d, nominal))
+    A, P, C, Q = elementwise(jacobians, True)(d, nominal)  # P, Q: per varying leaf [size * T, rows, *leaf]
+    # d out / d theta contracted with d theta / dx, for the leaves the step reads only: a derived constant that
+    # nothing reads here (contact regularisation without contacts) then costs no backward through set_const
+    read = [k for k in range(len(varying)) if P[k].any() or Q[k].any()]
+    tangents = _leaf_tangents(m, params, x, [varying[k] for k in read])
+
+    def contract(J: list[Tensor]) -> Tensor:  # [size * T, rows, n]
+        total = J[0].new_zeros(*J[0].shape[:2], x.shape[0])
+        for k, t in zip(read, tangents):
+            total = total + J[k].reshape(*J[k].shape[:2], t[0].numel()) @ t.reshape(t.shape[0], -1).mT
+        return total
+
+    A, P, C, Q = (J.reshape(size, T, *J.shape[1:]) for J in (A, contract(P), C, contract(Q)))
     S = torch.zeros(size, 2 * nv + m.na, x.shape[0], dtype=m.dtype, device=m.device)
     states, sensors = [], []
     for t in range(T):
