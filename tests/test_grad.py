@@ -450,9 +450,9 @@ def test_compiled_transition_jacobians_do_not_unroll_the_solver(arm_on_box):
 
 
 @pytest.mark.slow  # seven minutes of inductor compile on 2 cores
-@pytest.mark.xfail(strict=True, reason="inductor (torch 2.13) fails to compile them since the signed sums gather "
-                   "their factors (C++: an index temporary used out of its scope); gathering from all products "
-                   "instead compiles but gives A 29x off (found 2026-12-07, README 'Gradient costs')")
+@pytest.mark.xfail(strict=True, reason="inductor (torch 2.13) fails to compile them at 40e8f3f and since: its C++ "
+                   "for the signed sums' factor gathers uses an index temporary out of its scope; gathering from "
+                   "all products instead compiles but gives A 29x off; not bisected (README 'Gradient costs')")
 def test_inductor_batched_transition_jacobians_equal_eager():
     """Batched transition Jacobians compiled by inductor without its reordering for peak memory equal eager's.
 

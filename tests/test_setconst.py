@@ -241,3 +241,18 @@ def test_set_const_under_vmap_equals_each_model_alone():
     for k in range(3):
         one = diffmj.set_param(m, "body_mass", masses[k], "hand").dof_invweight0
         assert_close("vmapped set_const", batched[k], one, TOL["batch"])
+
+
+def test_set_const_writes_only_its_outputs():
+    """set_const replaces exactly the fields ``SET_CONST_OUTPUTS`` names, which ``diffmj.set_params`` relies on
+    (it recomputes before a change to one of them): every tensor field of a model whose masses and geom
+    sizes changed, set_const's result against its input, differs only there (and does differ there)."""
+    from diffmj.setconst import SET_CONST_OUTPUTS
+
+    m = diffmj.load(MODELS / "constraints.xml")
+    m = m.replace(body_mass=m.body_mass * 1.5, geom_size=m.geom_size * 1.1)
+    derived = diffmj.set_const(m)
+    changed = {f.name for f in dataclasses.fields(m)
+               if isinstance(getattr(m, f.name), torch.Tensor) and not torch.equal(getattr(m, f.name),
+                                                                                    getattr(derived, f.name))}
+    assert changed <= SET_CONST_OUTPUTS and {"body_invweight0", "dof_invweight0", "geom_rbound"} <= changed

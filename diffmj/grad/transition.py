@@ -47,8 +47,8 @@ def transition(d: Data, nominal: Tensor, mode: BackwardMode) -> Transition:
     what A, B, C, D differentiate. The model is an argument so that derivatives w.r.t. its tensors can be
     taken too (``diffmj.optim.sysid``).
 
-    But under RK4, the next positions are d's (perturbed) integrated by one timestep of the next velocities
-    (mj_advance), so ``Transition.step`` returns (qvel, act, sensordata) after the step and ``state``
+    Except under RK4, the next positions are d's (perturbed) integrated by one timestep of the next
+    velocities (mj_advance), so ``Transition.step`` returns (qvel, act, sensordata) after the step and ``state``
     integrates the positions: reverse mode then maps the step's backward over nv + na state rows, not
     2 nv + na (``jacrev_chained``).
     """

@@ -403,20 +403,19 @@ def _varying_positions(m: Model, params: Sequence[Parameter], x: Tensor) -> list
             if before is not after]
 
 
-def _leaf_tangents(m: Model, params: Sequence[Parameter], x: Tensor, positions: list[int]) -> list[Tensor]:
-    """d leaf / dx [n, ...] of the leaves at ``positions`` of ``apply(m, params, x)``, one row per component of
-    x [n]. Reverse mode: a few dozen derived entries, where forward mode's zero tangents of the constants
-    that set_const mixes in cost twice as much (their shapes worked out by torch's Python references)."""
-    jacobians = torch.func.jacrev(lambda x: [pytree.tree_leaves(apply(m, params, x))[i] for i in positions])(x)
-    return [j.movedim(-1, 0).contiguous() for j in jacobians]
-
-
 def _varying_leaves(m: Model, params: Sequence[Parameter], x: Tensor,
-                    varying: list[int]) -> tuple[list[Tensor], list[Tensor]]:
-    """The leaves at positions ``varying`` of ``apply(m, params, x)``, and their tangents [n, ...] (d leaf / d x_i,
-    one per component of x [n]), each its own storage."""
-    leaves = pytree.tree_leaves(apply(m, params, x))
-    return [leaves[i].detach().clone() for i in varying], _leaf_tangents(m, params, x, varying)
+                    positions: list[int]) -> tuple[list[Tensor], list[Tensor]]:
+    """The leaves at ``positions`` of ``apply(m, params, x)``, and their tangents [n, ...] (d leaf / d x_i, one
+    per component of x [n]). Reverse mode: a few dozen derived entries, where forward mode's zero tangents
+    of the constants that set_const mixes in cost twice as much (their shapes worked out by torch's Python
+    references)."""
+
+    def changed(x: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        leaves = [pytree.tree_leaves(apply(m, params, x))[i] for i in positions]
+        return leaves, leaves
+
+    jacobians, values = torch.func.jacrev(changed, has_aux=True)(x)
+    return [v.clone() for v in values], [j.movedim(-1, 0).contiguous() for j in jacobians]
 
 
 def _replaced(leaves: list[Tensor], positions: list[int], replacements: list[Tensor], spec) -> Model:
@@ -541,16 +540,17 @@ def _chain_step_jacobians(m: Model, params: Sequence[Parameter], data: Recording
 
     def jacobians(d: Data, nominal: Tensor) -> tuple[Tensor, list[Tensor], Tensor, list[Tensor]]:
         f = transition(d, nominal, mode)
-        model = lambda changed: _replaced(leaves, varying, changed, spec)  # noqa: E731
-        return tuple(J for out in jacrev_chained(lambda dx, changed: f.step(model(changed), dx, d.ctrl),
-                                                 lambda dx, changed, y: f.state(model(changed), dx, y), dx0, values)
+        model_of = lambda changed: _replaced(leaves, varying, changed, spec)  # noqa: E731
+        return tuple(J for out in jacrev_chained(lambda dx, changed: f.step(model_of(changed), dx, d.ctrl),
+                                                 lambda dx, changed, y: f.state(model_of(changed), dx, y), dx0,
+                                                 values)
                      for J in out)
 
     A, P, C, Q = elementwise(jacobians, True)(d, nominal)  # P, Q: per varying leaf [size * T, rows, *leaf]
     # d out / d theta contracted with d theta / dx, for the leaves the step reads only: a derived constant that
     # nothing reads here (contact regularisation without contacts) then costs no backward through set_const
     read = [k for k in range(len(varying)) if P[k].any() or Q[k].any()]
-    tangents = _leaf_tangents(m, params, x, [varying[k] for k in read])
+    tangents = _varying_leaves(m, params, x, [varying[k] for k in read])[1]
 
     def contract(J: list[Tensor]) -> Tensor:  # [size * T, rows, n]
         total = J[0].new_zeros(*J[0].shape[:2], x.shape[0])
