@@ -67,8 +67,7 @@ class _Sums(NamedTuple):
     at each call would cost as much tracing as the tensor ops themselves.
     """
 
-    left: Literal  # [rows, terms] i of each term a_i * b_j of each output
-    right: Literal  # [rows, terms] j of each term
+    factors: Literal  # [2, rows, terms] i and j of each term a_i * b_j of each output
     sign: Literal  # [rows, terms] +1.0 or -1.0 of each term
     pairwise: bool
 
@@ -79,14 +78,15 @@ def _sums(terms: tuple[tuple[int, ...], ...], width: int, pairwise: bool = False
     left = tuple(tuple((abs(t) - 1) // width for t in row) for row in terms)
     right = tuple(tuple((abs(t) - 1) % width for t in row) for row in terms)
     sign = tuple(tuple(1.0 if t > 0 else -1.0 for t in row) for row in terms)
-    return _Sums(Literal.of(left), Literal.of(right), Literal.of(sign), pairwise)
+    return _Sums(Literal.of((left, right)), Literal.of(sign), pairwise)
 
 
 def _gathered(x: Tensor, index: Tensor) -> Tensor:
-    """x[..., index] [..., *index.shape] by index_select: its backward is an index_add, which CPU runs in
+    """x[..., index] [..., *index.shape] by gather: its backward is a scatter_add, which CPU runs in
     parallel, where indexing's is an accumulating index_put on one thread (a quarter of a batched
     reverse-mode Jacobian's time)."""
-    return x.index_select(-1, index.flatten()).unflatten(-1, index.shape)
+    flat = index.flatten()
+    return x.gather(-1, flat.expand(*x.shape[:-1], flat.shape[0])).unflatten(-1, index.shape)
 
 
 def _signed_sums(a: Tensor, b: Tensor, sums: _Sums) -> Tensor:
@@ -97,11 +97,14 @@ def _signed_sums(a: Tensor, b: Tensor, sums: _Sums) -> Tensor:
     in a handful of tensor ops: a graph that torch.compile traces and compiles far faster than
     one op per product. Only the products used are formed (gathered factors), which also keeps the
     backward pass's buffers the size of a and b, not of every product.
+
+    Under vmap (reverse-mode Jacobians) torch 2.13's inductor miscompiles two forms of this: index_select's
+    backward (an index_add into an expanded zero tensor, summed over the mapped rows) and gathers by two
+    separate index tables (one-thread C++ that reads an index before declaring it); hence gathers by the two
+    halves of one table (tests/test_math.py).
     """
-    left = sums.left.tensor(device=a.device)
-    right = sums.right.tensor(device=b.device)
-    sign = sums.sign.tensor(a.dtype, a.device)
-    terms = (_gathered(a, left) * _gathered(b, right) * sign).unbind(-1)  # one op for the views of every term
+    left, right = sums.factors.tensor(device=a.device).unbind(0)
+    terms = (_gathered(a, left) * _gathered(b, right) * sums.sign.tensor(a.dtype, a.device)).unbind(-1)
     if sums.pairwise:
         return (terms[0] + terms[1]) + (terms[2] + terms[3])
     out = terms[0]

@@ -111,7 +111,9 @@ class Literal(NamedTuple):
         if not torch.compiler.is_compiling():  # eager: one tensor, made at the first call
             key = (dtype, device)
             if key not in self.eager:
-                with torch.inference_mode(False):  # usable outside an inference_mode block it was made in
+                # usable outside the inference_mode block or functorch transform (jacrev's level) it was
+                # first made in: a plain tensor, not one wrapped for a level that later ends
+                with torch.inference_mode(False), torch._C._DisableFuncTorch():
                     table = torch.tensor(self.values, dtype=dtype, device=device).reshape(self.shape)
                 if type(table) is not torch.Tensor:  # a fake or other subclass tensor (tracing): not kept
                     return table

@@ -450,15 +450,13 @@ def test_compiled_transition_jacobians_do_not_unroll_the_solver(arm_on_box):
 
 
 @pytest.mark.slow  # seven minutes of inductor compile on 2 cores
-@pytest.mark.xfail(strict=True, reason="inductor (torch 2.13) fails to compile them at 40e8f3f and since: its C++ "
-                   "for the signed sums' factor gathers uses an index temporary out of its scope; gathering from "
-                   "all products instead compiles but gives A 29x off; not bisected (README 'Gradient costs')")
 def test_inductor_batched_transition_jacobians_equal_eager():
     """Batched transition Jacobians compiled by inductor without its reordering for peak memory equal eager's.
 
-    With torch 2.13's default (reorder_for_peak_memory=True) inductor miscompiles them: on this model its
-    code reads a buffer it deleted (UnboundLocalError), on the hopper its Jacobians were 4.3 (relative)
-    off eager's. README, "Gradient costs"."""
+    With torch 2.13's default (reorder_for_peak_memory=True) inductor miscompiled them (2026-11-25): on this
+    model its code read a buffer it deleted (UnboundLocalError), on the hopper its Jacobians were 4.3
+    (relative) off eager's; on this model that passes since 2026-12-07, the hopper not re-checked. README,
+    "Gradient costs"."""
     mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=100))
     m = diffmj.put_model(mjm)
     batch = torch.stack([diffmj.put_data(m, settled_state(mjm, n)) for n in (40, 47)])

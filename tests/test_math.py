@@ -56,3 +56,25 @@ def test_broadcasting():
     rows = torch.stack([math.rot_vec_quat(v, q[i]) for i in range(5)])
     assert torch.equal(math.rot_vec_quat(v, q), rows)
     assert torch.equal(math.quat_mul(q[:1], q), torch.stack([math.quat_mul(q[0], q[i]) for i in range(5)]))
+
+
+def test_reverse_mode_jacobian_compiles_to_eager():
+    """jacrev of the signed-sum products (transition Jacobians map a backward over rows so) compiled by
+    inductor equals eager. Their factor gathers' backward, mapped over rows, must not be an index_add into
+    an expanded zero tensor: torch 2.13's inductor sums that over the rows (each row of the Jacobian was
+    the sum of all of them)."""
+    rng = np.random.default_rng(2)
+    q, v, i = (torch.tensor(rng.normal(size=n)) for n in (4, 3, 10))
+
+    def products(q, v, i):
+        r = math.quat_mul(q, q.flip(-1))
+        w = math.rot_vec_quat(v, r)
+        return torch.cat((math.quat_to_mat(r).flatten(), math.cross(w, v), math.inert_mul(i, torch.cat((w, v)))))
+
+    def jacobian(q, v, i):
+        return torch.func.jacrev(products, argnums=(0, 1, 2))(q, v, i)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(jacobian, fullgraph=True)(q, v, i)
+    for ours, eager in zip(compiled, jacobian(q, v, i)):
+        torch.testing.assert_close(ours, eager, rtol=1e-14, atol=1e-14)

@@ -190,6 +190,19 @@ def test_literal_compiles_inside_a_loop_body():
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), f(x), rtol=1e-14, atol=0)
 
 
+def test_literal_first_made_under_a_transform_is_a_plain_tensor():
+    """A table first made inside jacrev is kept as a plain tensor, not one wrapped for jacrev's level: used
+    after that level ends, the wrapped one broke autograd's later use and torch.compile ("attempted to apply
+    meta conversion to view functorch tensor")."""
+    table = diffmj.workarounds.Literal.of((1.0, 2.0))
+    x = torch.ones(2, dtype=torch.float64)
+    assert torch.func.jacrev(lambda y: table.tensor(torch.float64) * y)(x).tolist() == [[1.0, 0.0], [0.0, 2.0]]
+    assert not torch._C._functorch.is_functorch_wrapped_tensor(table.tensor(torch.float64))
+    torch._dynamo.reset()
+    traced = torch.compile(lambda y: table.tensor(torch.float64) * y, fullgraph=True, backend="aot_eager")
+    assert traced(x).tolist() == [1.0, 2.0]
+
+
 def test_literal_eager_table_is_made_once_and_usable_with_autograd():
     """Eager calls share one tensor per dtype and device; the first made inside inference_mode is still a
     normal tensor (an inference tensor cannot be saved for backward), and traced calls do not see it."""
