@@ -93,16 +93,16 @@ def box_box(box1: GeomPose, box2: GeomPose, margin: Tensor) -> Candidates:
     sep_face = take(face_sep, code_face)
 
     # edge axis (i, j) = e_i x (column j of rot), in box1 frame: components (i1, i2) = (ax1, ax2)
-    rot_i1 = rot.index_select(-2, next1)  # [i, j] -> rot[i1, j]
-    rot_i2 = rot.index_select(-2, next2)
+    rot_i1 = rot[..., next1, :]  # [i, j] -> rot[i1, j]
+    rot_i2 = rot[..., next2, :]
     ax1, ax2 = -rot_i2, rot_i1
     norm2 = ax1 * ax1 + ax2 * ax2
     edge_ok = norm2 >= eps["par"]  # nearly parallel edges: covered by the face axes
     inv = 1 / torch.sqrt(torch.where(edge_ok, norm2, 1.0))
     ax1, ax2 = ax1 * inv, ax2 * inv
     edge_radius1 = size1[..., next1, None] * ax1.abs() + size1[..., next2, None] * ax2.abs()
-    a2_1 = ax1 * rot_i1.index_select(-1, next1) + ax2 * rot_i2.index_select(-1, next1)
-    a2_2 = ax1 * rot_i1.index_select(-1, next2) + ax2 * rot_i2.index_select(-1, next2)
+    a2_1 = ax1 * rot_i1[..., next1] + ax2 * rot_i2[..., next1]
+    a2_2 = ax1 * rot_i1[..., next2] + ax2 * rot_i2[..., next2]
     edge_radius2 = size2[..., None, next1] * a2_1.abs() + size2[..., None, next2] * a2_2.abs()
     centre = ax1 * pos21[..., next1, None] + ax2 * pos21[..., next2, None]
     edge_sep = (centre.abs() - edge_radius1 - edge_radius2).flatten(-2)  # [..., 9], i-major

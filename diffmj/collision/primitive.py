@@ -390,12 +390,12 @@ def capsule_box(capsule: GeomPose, box: GeomPose, margin: Tensor) -> Candidates:
     signs = plus_minus(corner_bits == 1, size.dtype)
     start = torch.where(on_axis, 0.0, signs) * box_size  # edge midpoints
     dif = start - pos[..., None, :]
-    sj = size.index_select(-1, edge_axis)
-    hj = halfaxis.index_select(-1, edge_axis)
+    sj = size[..., edge_axis]
+    hj = halfaxis[..., edge_axis]
     ma = sj * sj
     mb = -sj * hj
     mc = (half * half)[..., None]
-    u = -sj * -pos.index_select(-1, edge_axis)  # dif[j]: the edge midpoint has coordinate 0
+    u = -sj * -pos[..., edge_axis]  # dif[j]: the edge midpoint has coordinate 0
     v = dot(halfaxis[..., None, :], dif)
     det = ma * mc - mb * mb
     edge_ok = det.abs() >= MINVAL
