@@ -61,8 +61,9 @@ def test_broadcasting():
 def test_reverse_mode_jacobian_compiles_to_eager():
     """jacrev of the signed-sum products (transition Jacobians map a backward over rows so) compiled by
     inductor equals eager. Their factor gathers' backward, mapped over rows, must not be an index_add into
-    an expanded zero tensor: torch 2.13's inductor sums that over the rows (each row of the Jacobian was
-    the sum of all of them)."""
+    an expanded zero tensor (index_select's): torch 2.13's inductor sums that over the rows (each row of the
+    Jacobian was the sum of all of them); gathers by two separate index tables gave one-thread C++ that
+    reads an index before declaring it."""
     rng = np.random.default_rng(2)
     q, v, i = (torch.tensor(rng.normal(size=n)) for n in (4, 3, 10))
 
