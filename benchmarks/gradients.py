@@ -110,9 +110,7 @@ def bench_jacobians(name: str, batch: int, repeats: int, timeout: float) -> dict
     datas = torch.stack([d] * batch)
     eager = diffmj.grad.transition_jacobians(m, datas)
     t_diffmj = _median_time(lambda: diffmj.grad.transition_jacobians(m, datas), repeats)
-    # inductor 2.13's reordering for peak memory miscompiles the batched Jacobians (README, "Gradient costs")
-    compiled_fn = torch.compile(diffmj.grad.transition_jacobians, fullgraph=True,
-                                options={"reorder_for_peak_memory": False})
+    compiled_fn = torch.compile(diffmj.grad.transition_jacobians, fullgraph=True)
     start = time.perf_counter()
     compiled = compiled_fn(m, datas)
     compile_s = time.perf_counter() - start

@@ -451,18 +451,16 @@ def test_compiled_transition_jacobians_do_not_unroll_the_solver(arm_on_box):
 
 @pytest.mark.slow  # seven minutes of inductor compile on 2 cores
 def test_inductor_batched_transition_jacobians_equal_eager():
-    """Batched transition Jacobians compiled by inductor without its reordering for peak memory equal eager's.
+    """Batched transition Jacobians compiled by inductor, its default options, equal eager's.
 
-    With torch 2.13's default (reorder_for_peak_memory=True) inductor miscompiled them (2026-11-25): on this
-    model its code read a buffer it deleted (UnboundLocalError), on the hopper its Jacobians were 4.3
-    (relative) off eager's; on this model that passes since 2026-12-07, the hopper not re-checked. README,
-    "Gradient costs"."""
+    On 2026-11-25 inductor's reordering for peak memory (reorder_for_peak_memory, on by default) miscompiled
+    them: on this model its code read a buffer it deleted (UnboundLocalError), on the hopper its Jacobians
+    were 4.3 (relative) off eager's; both equal eager's with it on since 2026-12-07. README, "Gradient costs"."""
     mjm = mujoco.MjModel.from_xml_string(ARM_ON_BOX.format(iterations=100))
     m = diffmj.put_model(mjm)
     batch = torch.stack([diffmj.put_data(m, settled_state(mjm, n)) for n in (40, 47)])
     torch._dynamo.reset()
-    compiled = torch.compile(diffmj.grad.transition_jacobians, fullgraph=True,
-                             options={"reorder_for_peak_memory": False})(m, batch)
+    compiled = torch.compile(diffmj.grad.transition_jacobians, fullgraph=True)(m, batch)
     for name, ours, eager in zip("ABCD", compiled, diffmj.grad.transition_jacobians(m, batch)):
         assert_close(name, ours, eager, TOL["compiled"], empty_ok=True)
 

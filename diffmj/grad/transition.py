@@ -153,9 +153,6 @@ def transition_jacobians(
     a rollout, diffmj's or MuJoCo C's with the warm start recorded: ``diffmj.optim.rollout_feedback_mujoco``):
     its qpos and qacc_warmstart (the step's qacc) are read and the step is not taken again. The Jacobians
     are then those at that solution: MuJoCo C's agrees with diffmj's to the solver's tolerance.
-
-    To compile it with inductor, pass ``options={"reorder_for_peak_memory": False}``: torch 2.13's
-    reordering for peak memory miscompiles the batched Jacobians (README, "Gradient costs").
     """
     mode = resolve_backward_mode(m, backward_mode)
     if stepped is not None and (not isinstance(stepped, Data) or stepped.batch_size != d.batch_size):
