@@ -8,8 +8,8 @@ plain code would.
 * ``canonical_layout``: a compiled step fed its own output must not recompile.
 * ``add_at_distinct`` / ``add_blocks`` / ``sum_at``: the scatter-adds of the physics,
   written so that no ``index_add`` reaches inductor's CPU code (pytorch/pytorch#191837). Nor does
-  ``index_select`` appear in differentiated code: under vmap (reverse-mode Jacobians, vmapped
-  gradients) its backward is an index_add into an expanded zero tensor, which 2.13's inductor sums
+  ``index_select`` appear in differentiated code: a backward mapped over rows of cotangents
+  (reverse-mode Jacobians) is an index_add into an expanded zero tensor, which 2.13's inductor sums
   over the mapped rows; indexing and gather are compiled right (tests/test_math.py, test_collision_primitive.py).
 * ``transform_active`` / ``all_true`` / ``unwrapped``: functorch's wrappers, read in eager mode only,
   for which no public API exists; ``derivative_requested``: whether autograd or a
