@@ -115,8 +115,10 @@ def jacrev_chained(inner: Callable[..., tuple[Tensor, ...]], outer: Callable[...
         def leaf(direct_leaf: Tensor, *inner_leaves: Tensor) -> Tensor:
             size = math.prod(direct_leaf.shape[1:])
             total = direct_leaf.reshape(direct_leaf.shape[0], size)
+            # contiguous: inner_leaf can be an expanded (stride 0) or diagonal view, and CPU bmm of such batched
+            # operands multiplies matrix by matrix, copying each (the sysid arm's per-step Jacobians: 14 % longer)
             for g, inner_leaf in zip(through_y, inner_leaves):
-                total = total + g @ inner_leaf.reshape(inner_leaf.shape[0], size)
+                total = total + g @ inner_leaf.reshape(inner_leaf.shape[0], size).contiguous()
             return total.reshape(direct_leaf.shape)
 
         return pytree.tree_map(leaf, direct, *(inner_jac[j][k] for j in range(len(y))))
