@@ -124,7 +124,8 @@ def plot_planners(plt, result: dict):
 
 def plot_sysid(plt, result: dict):
     """Each method's largest relative parameter error against its wall time, one panel per problem
-    (log-log; compiled fits at their wall time including the compile): the figure."""
+    (log-log; compiled fits at their wall time including the compile), the errors of its iterates on the way
+    (``trace``) as a line: the figure."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     problems = result["problems"]
@@ -140,8 +141,12 @@ def plot_sysid(plt, result: dict):
             if "error" in r:
                 continue
             # an exact fit's error is roundoff: drawn at 1e-16 at least, where a log axis can show it
-            ax.plot(r["wall_s"], max(r["max_relative_error"], 1e-16), marker=markers.get(method, "x"),
-                    linestyle="none", markersize=8, label=method)
+            (final,) = ax.plot(r["wall_s"], max(r["max_relative_error"], 1e-16), marker=markers.get(method, "x"),
+                               linestyle="none", markersize=8, label=method)
+            if r.get("trace"):
+                times, errors = zip(*r["trace"])
+                ax.plot(times, [max(e, 1e-16) for e in errors], drawstyle="steps-post", color=final.get_color(),
+                        alpha=0.5, linewidth=1)
         ax.set(xscale="log", yscale="log", xlabel="wall time (s)", ylabel="largest relative parameter error",
                title=f"{name} ({len(problem['true'])} parameters, {problem['chunks']} chunks)")
         ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # labels within a decade too

@@ -50,6 +50,7 @@ import mujoco.minimize
 import mujoco.rollout
 import numpy as np
 import torch
+from torch import Tensor
 from mujoco import sysid as mjsysid
 
 import diffmj
@@ -255,15 +256,32 @@ def max_relative_error(problem: Problem, found: dict[str, float]) -> float:
 
 
 class Counter:
-    """Wraps a residual function: how many calls and points (columns) it evaluated."""
+    """Wraps a residual function: how many calls and points (columns) it evaluated, and when each single
+    point's evaluation returned (``evaluated``: (seconds since ``start``, x [n]), for ``trace``)."""
 
     def __init__(self, fn: Callable):
-        self.fn, self.calls, self.points = fn, 0, 0
+        self.fn, self.calls, self.points, self.evaluated = fn, 0, 0, []
+        self.start = time.perf_counter()
 
     def __call__(self, x, *args, **kwargs):
         self.calls += 1
         self.points += 1 if np.ndim(x) == 1 else np.shape(x)[1]
-        return self.fn(x, *args, **kwargs)
+        out = self.fn(x, *args, **kwargs)
+        if np.ndim(x) == 1 or np.shape(x)[1] == 1:
+            self.evaluated.append((time.perf_counter() - self.start, np.array(x, dtype=np.float64).reshape(-1)))
+        return out
+
+    def trace(self, problem: Problem, iterates: list[np.ndarray], found: Callable[[np.ndarray], dict]
+              ) -> list[tuple[float, float]]:
+        """[(seconds, largest relative error)] of the optimiser's iterates (x [n] each; found(x): label ->
+        value), each at the time its residual was first evaluated: when the optimiser could first have
+        stopped there (an iterate the residual never saw alone, none here, is left out)."""
+        out = []
+        for x in iterates:
+            seen = next((t for t, y in self.evaluated if np.array_equal(y, x)), None)
+            if seen is not None:
+                out.append((seen, max_relative_error(problem, found(x))))
+        return out
 
 
 @dataclass
@@ -306,7 +324,7 @@ class MujocoSysid:
         """``sysid.optimize(..., optimizer="mujoco")`` with its defaults but for the iteration limit (and the
         chunk count: ``rollouts`` are chunk rollouts)."""
         count = Counter(self.residual_fn)
-        start = time.perf_counter()
+        start = count.start = time.perf_counter()
         opt_params, result = mjsysid.optimize(initial_params=self.params, residual_fn=count, optimizer="mujoco",
                                               verbose=False, max_iters=max_iters, output=io.StringIO())
         wall = time.perf_counter() - start
@@ -317,6 +335,8 @@ class MujocoSysid:
             "iterations": len(result.extras["objective"]), "residual_evaluations": count.points,
             "rollouts": count.points * chunks, "jacobian_evaluations": None, "wall_s": wall,
             "cost": 0.5 * float(np.sum(self.residual(result.x) ** 2)),
+            "trace": count.trace(problem, result.extras["candidate"],
+                                 lambda x: {p.label: float(v) for p, v in zip(problem.params, x)}),
         }
 
 
@@ -351,23 +371,35 @@ def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Paramet
     Jacobian together per trial point, each step one Inductor graph). Compiled, it fits twice: the first fit's
     wall time includes compiling (into this run's fresh TORCHINDUCTOR_CACHE_DIR), the second's is what a fit
     costs once the graphs exist (``wall_cached_s``); torch runs on one thread there, as Inductor's OpenMP
-    regions around kernels this small cost more than they save on loaded cores."""
+    regions around kernels this small cost more than they save on loaded cores.
+    The trace's times are those of ``fit``'s callback, which follows the Jacobian at an accepted point: later
+    than the iterate's residual, the time the other methods' traces take."""
     threads = torch.get_num_threads()
+    names = labels(problem, params)
+
+    def found_at(x: Tensor) -> dict[str, float]:
+        return {names[k]: v.item() for k, v in sysid.values(m, params, x).items()}
+
+    trace, start = [], time.perf_counter()
+
+    def record(iteration: int, cost: float, x: Tensor) -> None:
+        trace.append((time.perf_counter() - start, max_relative_error(problem, found_at(x))))
+
     if compiled:
         torch.set_num_threads(1)
     try:
-        result = sysid.fit(m, params, data, max_iterations=max_iters, compile=compiled, mj_model=mj_model)
+        result = sysid.fit(m, params, data, max_iterations=max_iters, compile=compiled, mj_model=mj_model,
+                           callback=record)
         cached = sysid.fit(m, params, data, max_iterations=max_iters, compile=compiled) if compiled else None
     finally:
         torch.set_num_threads(threads)
-    names = labels(problem, params)
-    found = {names[k]: v.item() for k, v in result.params.items()}
+    found = found_at(result.x)
     accepted = int((result.cost_history.diff() < 0).sum())
     out = {
         "params": found, "max_relative_error": max_relative_error(problem, found), "iterations": result.iterations,
         "residual_evaluations": result.iterations + 1, "rollouts": (result.iterations + 1) * data.ctrl.shape[0],
         "jacobian_evaluations": result.iterations + 1 if compiled else accepted + 1, "wall_s": result.wall_time,
-        "cost": result.cost, "status": result.status,
+        "cost": result.cost, "status": result.status, "trace": trace,
     }
     if compiled:
         # Dynamo's timers, summed over the process's compiles so far (one problem per process: its own)
@@ -384,16 +416,21 @@ def run_minimize_exact(problem: Problem, m: diffmj.Model, params: list[sysid.Par
     MuJoCo C's rollouts)."""
     x0, residual, jacobian, box = sysid.least_squares_functions(m, params, data, mj_model=mj_model)
     residual, jacobian = Counter(residual), Counter(jacobian)
-    start = time.perf_counter()
+    start = residual.start = time.perf_counter()
     x, trace = mujoco.minimize.least_squares(x0, residual, jacobian=jacobian, bounds=box, max_iter=max_iters,
                                              verbose=0)
     wall = time.perf_counter() - start
     names = labels(problem, params)
-    found = {names[k]: v.item() for k, v in sysid.values(m, params, torch.tensor(x)).items()}
+
+    def found_at(x: np.ndarray) -> dict[str, float]:
+        return {names[k]: v.item() for k, v in sysid.values(m, params, torch.tensor(x)).items()}
+
+    found = found_at(x)
     return {
         "params": found, "max_relative_error": max_relative_error(problem, found), "iterations": len(trace),
         "residual_evaluations": residual.points, "rollouts": residual.points * data.ctrl.shape[0],
         "jacobian_evaluations": jacobian.calls, "wall_s": wall, "cost": 0.5 * float(np.sum(residual.fn(x) ** 2)),
+        "trace": residual.trace(problem, [log.candidate.reshape(-1) for log in trace] + [x], found_at),
     }
 
 
@@ -453,20 +490,28 @@ def run_problem(problem: Problem, methods: list[str], max_iters: int, max_chunks
         save(out)
 
 
+def time_to_error(r: dict, error: float) -> float | None:
+    """Seconds until the method's trace first reached ``error`` or less (None: never)."""
+    return next((t for t, e in r.get("trace", ()) if e <= error), None)
+
+
 def markdown(result: dict) -> str:
     lines = ["| problem | steps (chunks) | parameters | method | max rel. error | iterations | residual evals "
-             "(rollouts) | Jacobians | wall s |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|"]
+             "(rollouts) | Jacobians | wall s | s to mujoco.sysid's error |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, prob in result["problems"].items():
+        reference = prob["methods"].get("mujoco_sysid", {}).get("max_relative_error")
         for method, label in METHODS.items():
             r = prob["methods"].get(method)
             if r is None or "error" in r:
                 continue
             jac = "FD" if r["jacobian_evaluations"] is None else r["jacobian_evaluations"]
             cached = f" ({r['wall_cached_s']:.1f} once compiled)" if "wall_cached_s" in r else ""
+            reached = None if reference is None else time_to_error(r, reference)
             lines.append(f"| {name} | {prob['chunks'] * prob['chunk_steps']} ({prob['chunks']}) | {len(prob['true'])} "
                          f"| {label} | {r['max_relative_error']:.1e} | {r['iterations']} | "
-                         f"{r['residual_evaluations']} ({r['rollouts']}) | {jac} | {r['wall_s']:.1f}{cached} |")
+                         f"{r['residual_evaluations']} ({r['rollouts']}) | {jac} | {r['wall_s']:.1f}{cached} | "
+                         f"{'never' if reached is None else f'{reached:.1f}'} |")
     return "\n".join(lines)
 
 
