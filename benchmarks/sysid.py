@@ -511,7 +511,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {name} | {prob['chunks'] * prob['chunk_steps']} ({prob['chunks']}) | {len(prob['true'])} "
                          f"| {label} | {r['max_relative_error']:.1e} | {r['iterations']} | "
                          f"{r['residual_evaluations']} ({r['rollouts']}) | {jac} | {r['wall_s']:.1f}{cached} | "
-                         f"{'never' if reached is None else f'{reached:.1f}'} |")
+                         f"{'' if reference is None else 'never' if reached is None else f'{reached:.1f}'} |")
     return "\n".join(lines)
 
 
