@@ -137,7 +137,8 @@ def compact(valid: Tensor, k: int, *values: Tensor) -> tuple[Tensor, ...]:
     are marked invalid.
     """
     count = torch.cumsum(valid.long(), -1)  # [..., m], nondecreasing: rises by one at each valid entry
-    wanted = torch.arange(1, k + 1, device=valid.device).expand(*valid.shape[:-1], k).contiguous()
+    # as count (batched under vmap): an unbatched one would be expanded over the batch, which searchsorted copies
+    wanted = count.new_zeros(*count.shape[:-1], k) + torch.arange(1, k + 1, device=valid.device)
     index = torch.searchsorted(count, wanted)  # [..., k] the first entry whose count reaches slot + 1
     filled = index < valid.shape[-1]
     index = torch.where(filled, index, 0)  # unfilled slots read entry 0
