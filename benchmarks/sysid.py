@@ -257,7 +257,7 @@ def max_relative_error(problem: Problem, found: dict[str, float]) -> float:
 
 class Counter:
     """Wraps a residual function: how many calls and points (columns) it evaluated, and when each single
-    point's evaluation returned (``evaluated``: (seconds since ``start``, x [n]), for ``trace``)."""
+    point's evaluation returned (``evaluated``: (seconds since ``start``, made now, x [n]), for ``trace``)."""
 
     def __init__(self, fn: Callable):
         self.fn, self.calls, self.points, self.evaluated = fn, 0, 0, []
@@ -324,7 +324,7 @@ class MujocoSysid:
         """``sysid.optimize(..., optimizer="mujoco")`` with its defaults but for the iteration limit (and the
         chunk count: ``rollouts`` are chunk rollouts)."""
         count = Counter(self.residual_fn)
-        start = count.start = time.perf_counter()
+        start = count.start
         opt_params, result = mjsysid.optimize(initial_params=self.params, residual_fn=count, optimizer="mujoco",
                                               verbose=False, max_iters=max_iters, output=io.StringIO())
         wall = time.perf_counter() - start
@@ -364,6 +364,12 @@ def labels(problem: Problem, params: list[sysid.Parameter]) -> dict[str, str]:
     return {q.label: p.label for p, q in zip(problem.params, params)}
 
 
+def found_at(problem: Problem, m: diffmj.Model, params: list[sysid.Parameter], x) -> dict[str, float]:
+    """The problem's label -> value at diffmj's parameter vector x [n] (a tensor or an array)."""
+    names = labels(problem, params)
+    return {names[k]: v.item() for k, v in sysid.values(m, params, torch.as_tensor(x)).items()}
+
+
 def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Parameter], data: sysid.Recording,
                    max_iters: int, compiled: bool = False, mj_model: mujoco.MjModel | None = None) -> dict:
     """``sysid.fit``, eager (a residual per trial point, a Jacobian per accepted one; with ``mj_model`` the residual's
@@ -375,15 +381,10 @@ def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Paramet
     The trace's times are those of ``fit``'s callback, which follows the Jacobian at an accepted point: later
     than the iterate's residual, the time the other methods' traces take."""
     threads = torch.get_num_threads()
-    names = labels(problem, params)
-
-    def found_at(x: Tensor) -> dict[str, float]:
-        return {names[k]: v.item() for k, v in sysid.values(m, params, x).items()}
-
     trace, start = [], time.perf_counter()
 
     def record(iteration: int, cost: float, x: Tensor) -> None:
-        trace.append((time.perf_counter() - start, max_relative_error(problem, found_at(x))))
+        trace.append((time.perf_counter() - start, max_relative_error(problem, found_at(problem, m, params, x))))
 
     if compiled:
         torch.set_num_threads(1)
@@ -393,7 +394,7 @@ def run_diffmj_fit(problem: Problem, m: diffmj.Model, params: list[sysid.Paramet
         cached = sysid.fit(m, params, data, max_iterations=max_iters, compile=compiled) if compiled else None
     finally:
         torch.set_num_threads(threads)
-    found = found_at(result.x)
+    found = found_at(problem, m, params, result.x)
     accepted = int((result.cost_history.diff() < 0).sum())
     out = {
         "params": found, "max_relative_error": max_relative_error(problem, found), "iterations": result.iterations,
@@ -416,21 +417,17 @@ def run_minimize_exact(problem: Problem, m: diffmj.Model, params: list[sysid.Par
     MuJoCo C's rollouts)."""
     x0, residual, jacobian, box = sysid.least_squares_functions(m, params, data, mj_model=mj_model)
     residual, jacobian = Counter(residual), Counter(jacobian)
-    start = residual.start = time.perf_counter()
+    start = residual.start
     x, trace = mujoco.minimize.least_squares(x0, residual, jacobian=jacobian, bounds=box, max_iter=max_iters,
                                              verbose=0)
     wall = time.perf_counter() - start
-    names = labels(problem, params)
-
-    def found_at(x: np.ndarray) -> dict[str, float]:
-        return {names[k]: v.item() for k, v in sysid.values(m, params, torch.tensor(x)).items()}
-
-    found = found_at(x)
+    found = found_at(problem, m, params, x)
     return {
         "params": found, "max_relative_error": max_relative_error(problem, found), "iterations": len(trace),
         "residual_evaluations": residual.points, "rollouts": residual.points * data.ctrl.shape[0],
         "jacobian_evaluations": jacobian.calls, "wall_s": wall, "cost": 0.5 * float(np.sum(residual.fn(x) ** 2)),
-        "trace": residual.trace(problem, [log.candidate.reshape(-1) for log in trace] + [x], found_at),
+        "trace": residual.trace(problem, [log.candidate.reshape(-1) for log in trace] + [x],
+                                lambda x: found_at(problem, m, params, x)),
     }
 
 

@@ -174,7 +174,6 @@ def test_sum_at_equals_index_add():
     assert diffmj.workarounds.sum_at(4, index[:0], values[:0]).shape == (4, 3)
 
 
-
 def test_no_index_select_in_the_package():
     """workarounds' rule, kept in the default suite: its compiled check (capsule-box's reverse-mode Jacobian,
     off by up to 3.6 with index_select) takes minutes (test_collision_primitive.py, slow)."""
@@ -183,6 +182,7 @@ def test_no_index_select_in_the_package():
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Attribute) and node.attr == "index_select"]
     assert not calls, f"index_select in differentiated code (diffmj.workarounds): {calls}"
+
 
 def test_literal_compiles_inside_a_loop_body():
     """A constant table made in a while_loop's body (RK4's stages run a whole forward pass there): inductor
