@@ -456,3 +456,4 @@ def test_mujoco_rollouts_keep_a_blown_up_state():
     for trajectory in (diffmj.rollout(m, d, ctrl), optim.rollout_mujoco(mjm, m, d, ctrl),
                        optim.rollout_feedback_mujoco(mjm, m, d, ctrl, None, None)):
         assert not (trajectory.qvel[:, -1].abs() < 1e10).any()
+    assert mjm.opt.disableflags == 0  # the caller's model gets its own flags back

@@ -6,16 +6,19 @@ diffmj ``Model`` was made from they roll out here and score the states with diff
     rollout_mujoco            open loop, by ``mujoco.rollout`` (CPU threads)
     rollout_feedback_mujoco   under iLQR's feedback law, by ``mj_step``, one trial after another
 
-Both step a copy of the model with MuJoCo's automatic reset disabled (``mjDSBL_AUTORESET``): where a state
-goes bad (NaN or beyond 1e10), mj_step would otherwise put the simulation back at qpos0 and go on, and a
-blown-up rollout would be scored as a harmless one. diffmj never resets either: the rollout's cost is
-huge or NaN on both.
+Both step the model with MuJoCo's automatic reset disabled (``mjDSBL_AUTORESET``): where a state goes bad
+(NaN or beyond 1e10), mj_step would otherwise put the simulation back at qpos0 and go on, and a blown-up
+rollout would be scored as a harmless one. diffmj never resets either: the rollout's cost is huge or NaN
+on both. The flag is set on the caller's MjModel for the call and restored after it (so do not step the
+same MjModel from another thread meanwhile): a copy of the model cost 10-15 ms a call on the swing-ups,
+whose skybox texture is 11.8 MB, half of a sampling planner's iteration.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import math
+from typing import Iterator
 
 import mujoco
 import mujoco.rollout
@@ -43,10 +46,15 @@ def _check(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, batched_st
         raise ValueError(f"d must be one unbatched diffmj.Data (the initial state){batch}")
 
 
-def _without_autoreset(mj_model: mujoco.MjModel) -> mujoco.MjModel:
-    model = copy.copy(mj_model)
-    model.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_AUTORESET
-    return model
+@contextlib.contextmanager
+def _without_autoreset(mj_model: mujoco.MjModel) -> Iterator[mujoco.MjModel]:
+    """mj_model with mjDSBL_AUTORESET set until the block ends, then its own flags again."""
+    flags = mj_model.opt.disableflags
+    mj_model.opt.disableflags = flags | mujoco.mjtDisableBit.mjDSBL_AUTORESET
+    try:
+        yield mj_model
+    finally:
+        mj_model.opt.disableflags = flags
 
 
 def _numpy(x: Tensor) -> np.ndarray:
@@ -70,9 +78,10 @@ def rollout_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: Tensor, *,
     user = _numpy(get_state(m, d, State.USER))
     control = np.repeat(user[None, None], math.prod(batch), 0).repeat(horizon, 1)
     control[..., : m.nu] = _numpy(ctrl).reshape(-1, horizon, m.nu)
-    states, sensordata = mujoco.rollout.rollout(
-        _without_autoreset(mj_model), [mujoco.MjData(mj_model) for _ in range(threads)], initial[None], control,
-        control_spec=int(State.USER), initial_warmstart=_numpy(d.qacc_warmstart)[None])
+    with _without_autoreset(mj_model) as model:
+        states, sensordata = mujoco.rollout.rollout(
+            model, [mujoco.MjData(model) for _ in range(threads)], initial[None], control,
+            control_spec=int(State.USER), initial_warmstart=_numpy(d.qacc_warmstart)[None])
     as_tensor = lambda x: torch.as_tensor(x, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)  # noqa: E731
     trajectory = set_state(m, d.detach().expand(*batch, horizon), as_tensor(states), State.FULLPHYSICS)
     return trajectory.replace(ctrl=ctrl.detach().clone(), sensordata=as_tensor(sensordata))
@@ -108,25 +117,25 @@ def rollout_feedback_mujoco(mj_model: mujoco.MjModel, m: Model, d: Data, ctrl: T
         ref_qpos, ref_qvel, ref_act = (_numpy(x) for x in (reference.qpos, reference.qvel, reference.act))
     lower, upper = (np.full(m.nu, -np.inf), np.full(m.nu, np.inf)) if ctrl_range is None else map(_numpy, ctrl_range)
 
-    model = _without_autoreset(mj_model)
     starts = _numpy(get_state(m, d, State.INTEGRATION)).reshape(-1, mujoco.mj_stateSize(mj_model, int(State.INTEGRATION)))
     recorded = State.FULLPHYSICS | State.WARMSTART
     states = np.empty((len(feedforward), horizon, mujoco.mj_stateSize(mj_model, int(recorded))))
     applied = np.empty((len(feedforward), horizon, m.nu))
     sensordata = np.empty((len(feedforward), horizon, m.nsensordata))
     dx = np.empty(ns)
-    for i, u in enumerate(feedforward):
-        data = mujoco.MjData(mj_model)
-        mujoco.mj_setState(mj_model, data, starts[0 if len(starts) == 1 else i], int(State.INTEGRATION))
-        for t in range(horizon):
-            if K is not None:
-                mujoco.mj_differentiatePos(mj_model, dx[:m.nv], 1.0, ref_qpos[t], data.qpos)
-                dx[m.nv:2 * m.nv] = data.qvel - ref_qvel[t]
-                dx[2 * m.nv:] = data.act - ref_act[t]
-            data.ctrl[:] = applied[i, t] = np.clip(u[t] if K is None else u[t] + K[t] @ dx, lower, upper)
-            mujoco.mj_step(model, data)
-            mujoco.mj_getState(mj_model, data, states[i, t], int(recorded))
-            sensordata[i, t] = data.sensordata
+    with _without_autoreset(mj_model) as model:
+        for i, u in enumerate(feedforward):
+            data = mujoco.MjData(model)
+            mujoco.mj_setState(model, data, starts[0 if len(starts) == 1 else i], int(State.INTEGRATION))
+            for t in range(horizon):
+                if K is not None:
+                    mujoco.mj_differentiatePos(model, dx[:m.nv], 1.0, ref_qpos[t], data.qpos)
+                    dx[m.nv:2 * m.nv] = data.qvel - ref_qvel[t]
+                    dx[2 * m.nv:] = data.act - ref_act[t]
+                data.ctrl[:] = applied[i, t] = np.clip(u[t] if K is None else u[t] + K[t] @ dx, lower, upper)
+                mujoco.mj_step(model, data)
+                mujoco.mj_getState(model, data, states[i, t], int(recorded))
+                sensordata[i, t] = data.sensordata
     as_tensor = lambda x: torch.as_tensor(x, device=m.device).to(m.dtype).reshape(*batch, horizon, -1)  # noqa: E731
     start = (d.detach().unsqueeze(-1) if d.batch_dims else d.detach()).expand(*batch, horizon)
     trajectory = set_state(m, start, as_tensor(states), recorded)
