@@ -95,34 +95,46 @@ def backward_pass(A: Tensor, B: Tensor, derivatives, regularization: float,
     """
     horizon, ns, nu = B.shape
     eye = torch.eye(nu, dtype=B.dtype, device=B.device)
+    # each step's Q is the cost's plus the value's pulled back through [A_t B_t]: one [ns + nu] block
+    # matrix, so a step costs two products for the Hessian and one for the gradient
+    AB = torch.cat((A, B), -1)  # [T, ns, ns + nu]
+    cost_grad = torch.cat((derivatives.grad_x[:horizon], derivatives.grad_u), -1)
+    cost_hess = torch.cat((torch.cat((derivatives.hess_xx[:horizon], derivatives.hess_ux.mT), -1),
+                           torch.cat((derivatives.hess_ux, derivatives.hess_uu), -1)), -2)
+    # a step with a control at a bound solves with some controls held; the others need no mask
+    if ctrl is None:
+        at_lower = at_upper = torch.zeros(horizon, nu, dtype=torch.bool, device=B.device)
+    else:
+        at_lower, at_upper = ctrl <= lower, ctrl >= upper
+    bounded = (at_lower | at_upper).any(-1).tolist()
     Vx, Vxx = derivatives.grad_x[horizon], derivatives.hess_xx[horizon]
-    k, K = B.new_zeros(horizon, nu), B.new_zeros(horizon, nu, ns)
-    linear, quadratic = B.new_zeros(()), B.new_zeros(())
+    gains, linear, quadratic = [], [], []
     for t in reversed(range(horizon)):
-        At, Bt = A[t], B[t]
-        Qx = derivatives.grad_x[t] + At.mT @ Vx
-        Qu = derivatives.grad_u[t] + Bt.mT @ Vx
-        Qxx = derivatives.hess_xx[t] + At.mT @ Vxx @ At
-        Quu = derivatives.hess_uu[t] + Bt.mT @ Vxx @ Bt
-        Qux = derivatives.hess_ux[t] + Bt.mT @ Vxx @ At
-        free = torch.ones(nu, dtype=torch.bool, device=B.device)
-        if ctrl is not None:
-            free = ~(((ctrl[t] <= lower) & (Qu > 0)) | ((ctrl[t] >= upper) & (Qu < 0)))
-        both = free[:, None] & free[None, :]
-        # held controls: identity rows and zero right-hand sides, so their k and K come out zero
-        system = torch.where(both, Quu + regularization * eye, eye)
+        q = cost_grad[t] + AB[t].mT @ Vx
+        Q = cost_hess[t] + AB[t].mT @ Vxx @ AB[t]
+        Qx, Qu = q[:ns], q[ns:]
+        Qxx, Qux, Quu = Q[:ns, :ns], Q[ns:, :ns], Q[ns:, ns:]
+        system, rhs = Quu + regularization * eye, torch.cat((Qu[:, None], Qux), 1)
+        if bounded[t]:
+            free = ~((at_lower[t] & (Qu > 0)) | (at_upper[t] & (Qu < 0)))
+            # held controls: identity rows and zero right-hand sides, so their k and K come out zero
+            system = torch.where(free[:, None] & free[None, :], system, eye)
+            rhs = rhs * free[:, None]
         factor, info = torch.linalg.cholesky_ex(system)
         if info.item() != 0:
-            return BackwardPass(k, K, (0.0, 0.0), False)
-        rhs = torch.cat((Qu[:, None], Qux), 1) * free[:, None]
-        solution = -torch.cholesky_solve(rhs, factor)
-        k[t], K[t] = solution[:, 0], solution[:, 1:]
-        linear = linear + k[t] @ Qu
-        quadratic = quadratic + 0.5 * k[t] @ Quu @ k[t]
-        Vx = Qx + K[t].mT @ Quu @ k[t] + K[t].mT @ Qu + Qux.mT @ k[t]
-        Vxx = Qxx + K[t].mT @ Quu @ K[t] + K[t].mT @ Qux + Qux.mT @ K[t]
+            return BackwardPass(B.new_zeros(horizon, nu), B.new_zeros(horizon, nu, ns), (0.0, 0.0), False)
+        solution = -torch.cholesky_solve(rhs, factor)  # [nu, 1 + ns]: k_t, K_t
+        gains.append(solution)
+        k, K = solution[:, 0], solution[:, 1:]
+        Quu_k = Quu @ k
+        linear.append(k @ Qu)
+        quadratic.append(0.5 * k @ Quu_k)
+        Vx = Qx + K.mT @ (Quu_k + Qu) + Qux.mT @ k
+        Vxx = Qxx + K.mT @ (Quu @ K + Qux) + Qux.mT @ K
         Vxx = 0.5 * (Vxx + Vxx.mT)
-    return BackwardPass(k, K, (linear.item(), quadratic.item()), True)
+    solutions = torch.stack(gains[::-1])
+    return BackwardPass(solutions[..., 0], solutions[..., 1:],
+                        (torch.stack(linear).sum().item(), torch.stack(quadratic).sum().item()), True)
 
 
 @torch.no_grad()
