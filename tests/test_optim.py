@@ -9,6 +9,7 @@ import torch
 
 import diffmj
 from diffmj import optim
+from diffmj.optim.ilqr import _jacobians_fd
 from optim_examples import tasks
 from tests.conftest import BENCHMARK_MODELS, mj_model, settled_state
 
@@ -274,6 +275,27 @@ def test_exact_and_finite_difference_jacobians_give_the_same_plan():
     assert exact.converged and fd.converged
     torch.testing.assert_close(fd.ctrl, exact.ctrl, rtol=0, atol=3e-5)
     assert fd.cost.item() == pytest.approx(exact.cost.item(), rel=1e-9)
+
+
+def test_finite_difference_linearisation_is_mujoco_cs_own_at_each_step():
+    """ilqr(fd_model=)'s A_t, B_t are mjd_transitionFD's at each step of the rollout as MuJoCo C itself steps it,
+    bit for bit: the hopper (contacts, where the warm start moves the solution and the differences divide that
+    by eps) from the rollout's states, warm starts and controls."""
+    mjm, m, d = tasks.load(tasks.hopper())
+    ctrl = 0.6 * torch.rand(15, m.nu, generator=torch.Generator().manual_seed(3), dtype=m.dtype) - 0.3
+    states = torch.cat((d[None], optim.rollout_feedback_mujoco(mjm, m, d, ctrl, None, None)))
+    A, B = _jacobians_fd(mjm, m, states, ctrl, 1e-6)
+    ns = 2 * m.nv + m.na
+    expected_A, expected_B = np.zeros((ns, ns)), np.zeros((ns, m.nu))
+    mjd, contacts = mujoco.MjData(mjm), 0
+    diffmj.get_data_into(mjd, mjm, d)
+    for t in range(ctrl.shape[0]):
+        mjd.ctrl[:] = ctrl[t].numpy()
+        mujoco.mjd_transitionFD(mjm, mjd, 1e-6, True, expected_A, expected_B, None, None)
+        assert (A[t].numpy() == expected_A).all() and (B[t].numpy() == expected_B).all()
+        mujoco.mj_step(mjm, mjd)
+        contacts += mjd.ncon
+    assert contacts > 0
 
 
 def test_mujoco_feedback_rollout_equals_diffmjs():
