@@ -257,7 +257,7 @@ def max_relative_error(problem: Problem, found: dict[str, float]) -> float:
 
 class Counter:
     """Wraps a residual function: how many calls and points (columns) it evaluated, and when each single
-    point's evaluation returned (``evaluated``: (seconds since ``start``, made now, x [n]), for ``trace``)."""
+    point's evaluation returned (``evaluated``: (seconds since ``start``, when the Counter was made; x [n]), for ``trace``)."""
 
     def __init__(self, fn: Callable):
         self.fn, self.calls, self.points, self.evaluated = fn, 0, 0, []
