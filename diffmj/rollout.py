@@ -16,7 +16,7 @@ from diffmj.grad.checkpoint import HELD_INPUTS, Advance, Observe, checkpointed_r
 from diffmj.io import make_data
 from diffmj.state import differentiate_pos, get_state
 from diffmj.types import STATE_FIELDS, BackwardMode, Data, Model, State
-from diffmj.workarounds import canonical_layout, elementwise, transform_active
+from diffmj.workarounds import ScalarInputs, canonical_layout, elementwise, transform_active
 
 ObserveArg = Sequence[str] | Callable[[Model, Data], Any] | None
 CompileArg = bool | dict[str, Any]
@@ -257,8 +257,13 @@ def _advance(m: Model, d: Data, control: Control, mode: BackwardMode, observe: O
     run = batched if d.batch_dims else transition
     if options is None:
         return lambda m, d, params, t: run(m, d, control.at(params, t))
-    compiled = torch.compile(run, **options)
     template = make_data(m, d.batch_size)
+    scalars = ScalarInputs.of(m, template)
+
+    def restored(m: Model, d: Data, step_params: tuple[Tensor, ...]) -> tuple[Data, Any]:
+        return run(*scalars.restore(m, d), step_params)
+
+    compiled = torch.compile(restored, **options)
 
     def advance(m: Model, d: Data, params: tuple[Tensor, ...], t: int) -> tuple[Data, Any]:
         # A compiled graph guards on its inputs' strides and requires_grad flags. It is given only what a
@@ -274,11 +279,11 @@ def _advance(m: Model, d: Data, control: Control, mode: BackwardMode, observe: O
         if not derivative:
             with torch.no_grad():
                 read = {name: x.detach() for name, x in read.items()}
-                return compiled(m, template.replace(**read), tuple(x.detach() for x in step_params))
+                return compiled(*scalars.lift(m, template.replace(**read)), tuple(x.detach() for x in step_params))
         for name in STATE_FIELDS:
             if read[name].is_floating_point() and not read[name].requires_grad:
                 read[name] = read[name].detach().requires_grad_()  # its gradient is not needed: dropped
-        return compiled(m, template.replace(**read), step_params)
+        return compiled(*scalars.lift(m, template.replace(**read)), step_params)
 
     return advance
 

@@ -6,6 +6,7 @@ answers, so it can go when PyTorch changes. They give exactly the values the
 plain code would.
 
 * ``canonical_layout``: a compiled step fed its own output must not recompile.
+* ``ScalarInputs``: 0-dim float64 inputs make a compiled function trace twice (pytorch/pytorch#140346).
 * ``add_at_distinct`` / ``add_blocks`` / ``sum_at``: the scatter-adds of the physics,
   written so that no ``index_add`` reaches inductor's CPU code (pytorch/pytorch#191837). Nor does
   ``index_select`` appear in differentiated code: a backward mapped over rows of cotangents
@@ -28,6 +29,7 @@ plain code would.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
@@ -43,7 +45,7 @@ from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 
 if TYPE_CHECKING:  # only annotations: this module sits below every physics module (math imports it)
-    from diffmj.types import Data
+    from diffmj.types import Data, Model
 
 
 def canonical_layout(out: Data, d: Data) -> Data:
@@ -81,6 +83,58 @@ def canonical_layout(out: Data, d: Data) -> Data:
         return record.replace(**changes)
 
     return each_field(out, d)
+
+
+def restarts_compile(x) -> bool:
+    """Whether x, an input of a compiled function, makes torch 2.13 restart the compile (ScalarInputs)."""
+    return isinstance(x, Tensor) and x.dim() == 0 and x.dtype == torch.float64 and x.device.type == "cpu"
+
+
+def _with_fields(obj, changes: dict):
+    """A frozen dataclass with some fields replaced, without its __init__: a Model's takes 0.4 ms."""
+    new = copy.copy(obj)
+    for name, value in changes.items():
+        object.__setattr__(new, name, value)
+    return new
+
+
+class ScalarInputs(NamedTuple):
+    """The 0-dim float64 CPU tensors of a Model (``opt.timestep``, ...) and a Data (an unbatched ``time``), by
+    field name, which a compiled function takes as [1] views (``lift``, outside) and reshapes back
+    (``restore``, first thing inside).
+
+    torch 2.13 gives each 0-dim float64 CPU input of a compiled graph a symbolic float, which the graph does
+    not use; AOTAutograd's tensorify pass then specialises it by restarting the whole compile (Dynamo's trace
+    and AOTAutograd's) once per process, until ``torch._dynamo.reset()`` (pytorch/pytorch#140346;
+    ``TENSORIFY_PYTHON_SCALARS=0`` turns the pass off). For a contact model's step that is a quarter of an
+    aot_eager compile and 25-37 s of the hopper's inductor compile (benchmarks/README.md, "Where compile
+    time goes"). As [1] views they are plain inputs, differentiable through the view."""
+
+    option: tuple[str, ...]
+    model: tuple[str, ...]
+    data: tuple[str, ...]
+
+    @classmethod
+    def of(cls, m: Model, d: Data) -> ScalarInputs:
+        """The fields of m, m.opt and d that are 0-dim float64 tensors on the CPU."""
+
+        def named(obj, names):
+            return tuple(n for n in names if restarts_compile(getattr(obj, n)))
+
+        data_names = (f.name for f in dataclasses.fields(d))
+        return cls(named(m.opt, m.opt._data_names), named(m, m._data_names), named(d, data_names))
+
+    def lift(self, m: Model, d: Data) -> tuple[Model, Data]:
+        """m and d with those fields [] as [1] views (a shallow copy: 20 us for a hopper, a Model.replace 0.4 ms)."""
+        lifted = lambda obj, names: {n: getattr(obj, n).reshape(1) for n in names}  # noqa: E731
+        m = _with_fields(m, {**lifted(m, self.model), "opt": _with_fields(m.opt, lifted(m.opt, self.option))})
+        return m, d.replace(**lifted(d, self.data)) if self.data else d
+
+    def restore(self, m: Model, d: Data) -> tuple[Model, Data]:
+        """lift's inverse: those fields [1] -> [] (traced once, inside the compiled function)."""
+        restored = lambda obj, names: {n: getattr(obj, n).reshape(()) for n in names}  # noqa: E731
+        m = m.replace(**restored(m, self.model), opt=m.opt.replace(**restored(m.opt, self.option)))
+        return m, d.replace(**restored(d, self.data)) if self.data else d
 
 
 class Literal(NamedTuple):

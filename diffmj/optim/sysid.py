@@ -46,7 +46,7 @@ from diffmj.optim.mujoco_c import check_sizes, rollout_feedback_mujoco
 from diffmj.rollout import CompileArg, compile_options
 from diffmj.setconst import SET_CONST_INPUTS
 from diffmj.types import STATE_FIELDS
-from diffmj.workarounds import elementwise
+from diffmj.workarounds import elementwise, restarts_compile
 
 SIGNALS = ("sensordata", "qpos", "qvel")
 
@@ -349,10 +349,14 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
     solve_first = reuses_solution(m, m.backward_mode)
     tangent_spec = pytree.tree_structure(from_solution(m)) if solve_first else spec
 
+    # the model's 0-dim float64 leaves enter the compiled step as [1] views (workarounds.ScalarInputs)
+    scalar = {i for i, leaf in enumerate(leaves) if restarts_compile(leaf)}
+
     def advance(model_leaves: list[Tensor], model_tangents: list[Tensor], state: dict[str, Tensor],
                 state_tangents: dict[str, Tensor], ctrl_t: Tensor):
         """One step of the batch [size] and its tangents [n, size, ...]: (state, state tangents, measured
         signals [size, k], their tangents [n, size, k])."""
+        model_leaves = [leaf.reshape(()) if i in scalar else leaf for i, leaf in enumerate(model_leaves)]
         if solve_first:
             solved = step(pytree.tree_unflatten(model_leaves, spec), d0.replace(**state, ctrl=ctrl_t))
             state = {**state, "qacc_warmstart": solved.qacc}
@@ -379,6 +383,7 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
         model_leaves = list(leaves)
         for i, value in zip(varying, values):
             model_leaves[i] = value
+        model_leaves = [leaf.reshape(1) if i in scalar else leaf for i, leaf in enumerate(model_leaves)]
         state = state0
         state_tangents = {name: value.new_zeros(n, *value.shape) for name, value in state.items()}
         signals, tangents = [], []
