@@ -349,8 +349,8 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
     solve_first = reuses_solution(m, m.backward_mode)
     tangent_spec = pytree.tree_structure(from_solution(m)) if solve_first else spec
 
-    # the model's 0-dim float64 leaves enter the compiled step as [1] views (workarounds.ScalarInputs)
-    scalar = {i for i, leaf in enumerate(leaves) if restarts_compile(leaf)}
+    # compiled, the model's 0-dim float64 leaves enter the step as [1] views (workarounds.ScalarInputs)
+    scalar = {i for i, leaf in enumerate(leaves) if restarts_compile(leaf)} if options is not None else set()
 
     def advance(model_leaves: list[Tensor], model_tangents: list[Tensor], state: dict[str, Tensor],
                 state_tangents: dict[str, Tensor], ctrl_t: Tensor):
