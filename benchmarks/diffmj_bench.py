@@ -7,6 +7,8 @@ compiled_vmap: ``torch.compile(torch.vmap(diffmj.step, in_dims=(None, 0)), fullg
 per-element step under vmap, whose solver loops run their full count (``scan``).
 
 For B=1 all run on unbatched Data, the compiled ones as ``torch.compile(diffmj.step, fullgraph=True)``.
+The compiled ones skip Dynamo's guards on library globals, as diffmj's own compiled rollouts do
+(``options={"guard_filter_fn": diffmj.library_guard_filter(fn)}``; ``--all-guards``: keep them).
 ``--device cuda`` runs them on the GPU (each timed call ends with ``torch.cuda.synchronize``).
 
 A compiled run takes one batch size, so that its compile starts from a fresh
@@ -75,13 +77,15 @@ def bench_compiled(m: diffmj.Model, mjm: mujoco.MjModel, batch_size: int, args: 
     torch._dynamo.utils.counters.clear()
     vmapped = args.variant == "compiled_vmap" and batch_size > 1
     fn = torch.vmap(diffmj.step, in_dims=(None, 0)) if vmapped else diffmj.step
-    compiled = torch.compile(fn, fullgraph=True)
+    options = None if args.all_guards else {"guard_filter_fn": diffmj.library_guard_filter(fn)}
+    compiled = torch.compile(fn, fullgraph=True, options=options)
     d = d0 = initial_data(m, mjm, batch_size)
     calls = []
     for _ in range(WARMUP_CALLS):
         d, seconds = harness.timed(lambda: synchronized(m, compiled)(m, d))
         calls.append(seconds)
     record = {
+        "guards": "all" if args.all_guards else "library globals skipped",
         "compile": {
             "calls_s": calls,
             "total_s": sum(calls),
@@ -107,6 +111,8 @@ def main() -> None:
     parser.add_argument("--compile-only", action="store_true",
                         help="compiled: stop after the compiling calls (warm-cache measurement)")
     parser.add_argument("--device", default="cpu", help="torch device of the Model and Data (cpu, cuda)")
+    parser.add_argument("--all-guards", action="store_true",
+                        help="compiled: check every Dynamo guard at every call (no guard_filter_fn)")
     args = parser.parse_args()
     if args.variant != "eager" and len(args.batch_sizes) != 1:
         parser.error("a compiled run takes one batch size (each compile starts from a fresh process)")

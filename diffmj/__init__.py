@@ -9,6 +9,7 @@ from diffmj.rollout import rollout, rollout_feedback, rollout_policy
 from diffmj.setconst import set_const
 from diffmj.state import differentiate_pos, get_state, integrate_pos, set_state, state_size
 from diffmj import grad
+from diffmj.workarounds import library_guard_filter
 from diffmj.types import (
     BackwardMode,
     BiasType,
@@ -71,6 +72,7 @@ __all__ = [
     "get_param",
     "get_state",
     "integrate_pos",
+    "library_guard_filter",
     "load",
     "make_data",
     "precompiled",

@@ -16,7 +16,7 @@ from diffmj.grad.checkpoint import HELD_INPUTS, Advance, Observe, checkpointed_r
 from diffmj.io import make_data
 from diffmj.state import differentiate_pos, get_state
 from diffmj.types import STATE_FIELDS, BackwardMode, Data, Model, State
-from diffmj.workarounds import ScalarInputs, canonical_layout, elementwise, transform_active
+from diffmj.workarounds import ScalarInputs, canonical_layout, elementwise, library_guard_filter, transform_active
 
 ObserveArg = Sequence[str] | Callable[[Model, Data], Any] | None
 CompileArg = bool | dict[str, Any]
@@ -263,7 +263,7 @@ def _advance(m: Model, d: Data, control: Control, mode: BackwardMode, observe: O
     def restored(m: Model, d: Data, step_params: tuple[Tensor, ...]) -> tuple[Data, Any]:
         return run(*scalars.restore(m, d), step_params)
 
-    compiled = torch.compile(restored, **options)
+    compiled = compile_function(restored, options)
 
     def advance(m: Model, d: Data, params: tuple[Tensor, ...], t: int) -> tuple[Data, Any]:
         # A compiled graph guards on its inputs' strides and requires_grad flags. It is given only what a
@@ -303,6 +303,15 @@ def compile_options(compile: CompileArg) -> dict[str, Any] | None:
         # inductor gets some gradients wrong (the docstring; benchmarks/README.md, "Inductor miscompiles ...")
         options["options"] = {"max_fusion_size": 1, **options.get("options", {})}
     return options
+
+
+def compile_function(fn: Callable, options: dict[str, Any]) -> Callable:
+    """``torch.compile(fn, **options)`` (options from ``compile_options``) for a function of diffmj's, skipping the
+    guards on library globals (``workarounds.library_guard_filter``: a third to a half of a hopper step at B=1)
+    unless the options choose their own filter or a ``mode`` (torch.compile takes a mode or options, not both)."""
+    if "mode" not in options:
+        options = {**options, "options": {"guard_filter_fn": library_guard_filter(fn), **options.get("options", {})}}
+    return torch.compile(fn, **options)
 
 
 def _observer(observe: ObserveArg) -> Observe:

@@ -7,6 +7,8 @@ TOL["batch"]) on a small contact model; inductor's are slow."""
 
 from __future__ import annotations
 
+import types
+
 import mujoco
 import pytest
 import torch
@@ -135,6 +137,52 @@ def test_compiled_rollout_checkpoint_memory_grows_like_sqrt_horizon(arm_on_box, 
     assert saved[64, "auto"] / saved[16, "auto"] < 2.5
     assert saved[64, "auto"] < saved[64, None] / 4
     assert counter.frame_count - before <= 2  # fewer where an earlier test compiled them
+
+
+def test_library_guard_filter_skips_only_library_globals():
+    """Guards on diffmj's, torch's and tensordict's globals and on builtins are skipped; those on arguments,
+    closures, any other module's globals, and globals Dynamo names in another form are kept."""
+    skipped = ["G['__import_diffmj_dot_math'].MINVAL", "dict(G['__import_diffmj_dot_solver'].Line.__dict__)",
+               "G['__import_torch_dot_utils_dot__pytree'].SUPPORTED_NODES", "G['__import_tensordict_dot_base'].x",
+               "G['__builtins_dict___0']['len']", "G['pytree'].tree_map"]
+    kept = ["G['__import___main__'].GAIN", "G['__import_tests_dot_test_x'].GAIN", "G['__import_diffmjx'].GAIN",
+            "G['___unnamed_scope_1407_c0']", "G['_1406_c0'].Tensor", "G['_private'].x"]
+    entries = [types.SimpleNamespace(name=name, is_global=True) for name in skipped + kept]
+    entries.append(types.SimpleNamespace(name="G['__import_diffmj_dot_math'].MINVAL", is_global=False))
+    keep = diffmj.library_guard_filter(diffmj.rollout)(entries)
+    assert keep == [False] * len(skipped) + [True] * (len(kept) + 1)
+    # a bare name is a global of the compiled function's own module: skipped only for a library's function
+    assert diffmj.library_guard_filter(_global_gain_policy)(entries[5:6]) == [True]
+
+
+PENDULUM = """<mujoco><worldbody><body><joint name="hinge" axis="0 1 0"/>
+<geom type="capsule" fromto="0 0 0 0 0 -1" size="0.05"/></body></worldbody>
+<actuator><motor joint="hinge"/></actuator></mujoco>"""
+
+GAIN = 1.0  # _global_gain_policy's: a user's global, which compiled steps must still guard
+
+
+def _global_gain_policy(params, x):
+    return GAIN * torch.tanh(params @ x)
+
+
+def test_compiled_policy_recompiles_when_a_user_global_changes():
+    """A compiled rollout skips the guards on library globals (diffmj.library_guard_filter), not those on
+    the user's: a policy reading a module global gain is compiled again when the gain changes, equal to eager."""
+    global GAIN
+    m = diffmj.put_model(mujoco.MjModel.from_xml_string(PENDULUM))
+    d = diffmj.make_data(m).replace(qpos=torch.tensor([0.5], dtype=m.dtype))
+    params = torch.tensor([[1.0, 0.5]], dtype=m.dtype)
+    counter = CompileCounterWithBackend("eager")
+    qpos = {}
+    for GAIN in (1.0, -3.0):
+        compiled = diffmj.rollout_policy(m, d, _global_gain_policy, params, 5, observe=("qpos",),
+                                         compile={"backend": counter})
+        eager = diffmj.rollout_policy(m, d, _global_gain_policy, params, 5, observe=("qpos",))
+        assert_close(f"qpos at gain {GAIN}", compiled["qpos"], eager["qpos"], TOL["batch"])
+        qpos[GAIN] = compiled["qpos"]
+    assert counter.frame_count == 2
+    assert not torch.equal(qpos[1.0], qpos[-3.0])
 
 
 def test_compile_argument_errors(arm_on_box):

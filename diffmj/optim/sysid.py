@@ -43,7 +43,7 @@ from diffmj import Data, Model, differentiate_pos, get_param, integrate_pos, rep
 from diffmj.grad.solution import from_solution, reuses_solution
 from diffmj.grad.transition import jacrev_chained, transition
 from diffmj.optim.mujoco_c import check_sizes, rollout_feedback_mujoco
-from diffmj.rollout import CompileArg, compile_options
+from diffmj.rollout import CompileArg, compile_function, compile_options
 from diffmj.setconst import SET_CONST_INPUTS
 from diffmj.types import STATE_FIELDS
 from diffmj.workarounds import elementwise, restarts_compile
@@ -375,7 +375,7 @@ def residual_and_jacobian_function(m: Model, params: Sequence[Parameter], data: 
         return first(state), state_tangents, first(signals), signal_tangents
 
     if options is not None:
-        advance = torch.compile(advance, **options)
+        advance = compile_function(advance, options)
 
     def evaluate(x: Tensor) -> tuple[Tensor, Tensor]:
         n = x.shape[0]
