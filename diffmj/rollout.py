@@ -83,7 +83,9 @@ def rollout(
     without a ``mode``, ``options={"max_fusion_size": 1}``: no kernel fusion, as torch 2.13 fuses some backward
     kernels wrongly; a batch's gradients w.r.t. body_mass and the initial qvel were up to 62 % off, and
     inductor's C++ wrapper (``"cpp_wrapper": True``) gets long rollouts' gradients wrong; benchmarks/README.md,
-    "Inductor miscompiles gradients of the batched rollout"); the loop over time stays in Python, so compile
+    "Inductor miscompiles gradients of the batched rollout"), and without a ``mode``,
+    ``options={"guard_filter_fn": library_guard_filter(...)}``: no guards on diffmj's, torch's and tensordict's
+    globals, checked at every call otherwise (README.md, "Guards")); the loop over time stays in Python, so compile
     time does not grow with T. A batch is stepped by one compiled explicit-batch step per time step (its solver
     stops once every element has converged). Checkpointing, results and gradients are eager's (to rounding, with
     inductor). All steps run two graphs, one without grad (no input requires grad, or the forward pass of
